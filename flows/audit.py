@@ -1,0 +1,115 @@
+"""The audit flow: tokenize -> local profile -> remote stream -> sampling sweep -> report.
+
+One MLflow parent run per flow run, one child per stage (and per level / point under those).
+The stages are independent measurements: a stage that fails is recorded as failed on its own
+child run and on the parent, the others still run and keep their records, and the flow run
+ends Failed so Prefect's notifications fire. The embedded server is stopped when the remote
+stages end, on failure too.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+from prefect import flow, get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed
+
+from tasks import report
+from tasks.config import AuditConfig
+from tasks.endpoint import open_endpoint
+from tasks.environment import environment_tags
+from tasks.models import REPO_ROOT
+from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
+from tasks.tracking import TrackingTarget, flatten_params
+
+
+def new_workdir(kind: str) -> Path:
+    """A fresh folder for this run's records (crash-safe journals live here while running)."""
+    root = Path(os.environ.get("INFERMETER_WORK_DIR", REPO_ROOT / ".cache" / "infermeter" / "runs"))
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-", dir=root))
+
+
+def _prefect_tags() -> dict[str, str]:
+    return {
+        "prefect_flow_run_id": str(flow_run.get_id() or ""),
+        "prefect_flow_run_name": str(flow_run.get_name() or ""),
+    }
+
+
+def run_audit(config: AuditConfig, track: bool = True) -> dict:
+    """The audit's body; returns the result dict (with ``errors`` per failed stage)."""
+    logger = get_run_logger()
+    target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
+    tracker = target.open()
+    parent = tracker.start_run(config.name, tags={
+        **environment_tags(), **_prefect_tags(), "flow": "audit",
+        "model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded",
+    })
+    tracker.log_params(parent, flatten_params(config.model_dump(mode="json")))
+    tracker.log_dict(parent, config.model_dump(mode="json"), "config.yaml")
+    workdir = new_workdir("audit")
+    logger.info("MLflow run %s; records in %s", parent, workdir)
+
+    stages: dict[str, dict] = {}
+    errors: dict[str, str] = {}
+
+    def attempt(name: str, call) -> None:
+        try:
+            stages[name] = call()
+        except Exception as exc:  # one failed stage must not lose the others' measurements
+            errors[name] = f"{type(exc).__name__}: {exc}"
+            logger.error("stage %s failed: %s", name, errors[name])
+
+    common = dict(target=target, parent_run_id=parent, workdir=str(workdir))
+    if config.tokenize.enabled:
+        attempt("tokenize", lambda: tokenize_stage(config.tokenize, config.profile.model, **common))
+    if config.profile.enabled:
+        attempt("profile", lambda: profile_stage(config.profile, **common))
+    endpoint_kind = None
+    if config.stream.enabled or config.sweep.enabled:
+        try:
+            with open_endpoint(config.endpoint, config.server) as endpoint:
+                endpoint_kind = endpoint.server_kind
+                tracker.set_tags(parent, endpoint.identity())
+                if config.stream.enabled:
+                    attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
+                if config.sweep.enabled:
+                    attempt("sweep", lambda: sweep_stage(config.sweep, endpoint, **common))
+        except Exception as exc:
+            errors["endpoint"] = f"{type(exc).__name__}: {exc}"
+            logger.error("endpoint failed: %s", errors["endpoint"])
+            tracker.log_text(parent, traceback.format_exc(), "error.txt")
+
+    headline = report.headline(stages)
+    summary = report.summary_markdown(stages, errors, endpoint_kind)
+    tracker.log_metrics(parent, headline)
+    tracker.log_text(parent, summary, "summary.md")
+    if errors:
+        tracker.set_tags(parent, {"error": "; ".join(f"{k}: {v}" for k, v in errors.items())})
+    tracker.end_run(parent, "FAILED" if errors else "FINISHED")
+    link = tracker.run_url(parent) or f"MLflow run id `{parent}` in {tracker.tracking_uri}"
+    try:
+        create_markdown_artifact(f"{summary}\n\nMLflow: {link}\n", key="audit-summary")
+    except Exception as exc:  # the artifact is a convenience; the measurements are in MLflow
+        logger.warning("could not create the Prefect artifact: %s", exc)
+    return {
+        "stages": stages, "headline": headline, "errors": errors,
+        "mlflow_run_id": parent, "tracking_uri": tracker.tracking_uri if parent else None,
+        "ui_command": tracker.ui_command() if parent else None, "workdir": str(workdir),
+    }
+
+
+@flow(name="audit", log_prints=True)
+def audit(config: AuditConfig = AuditConfig(), track: bool = True):
+    """Audit a model and an endpoint: tokenize, profile, stream, sweep, then report."""
+    result = run_audit(config, track)
+    if result["errors"]:
+        return Failed(message="failed stages: " + ", ".join(result["errors"]), data=result)
+    return Completed(data=result)

@@ -1,0 +1,222 @@
+"""The only module that talks to MLflow.
+
+Runs are created and written through ``MlflowClient`` with explicit run ids, never through
+MLflow's thread-local active run, because Prefect runs tasks in other threads. Metrics, params
+and tags go in batches (one ``log_metric`` call costs 6-15 ms on SQLite; ``log_batch`` of 1000
+about 0.1 s). Params are written once, in one canonical string form, scalars only: MLflow params
+are write-once and capped at 6000 characters, so lists longer than a line and the prompts live
+in the ``config.yaml`` artifact instead.
+
+Tracking URI: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<repo>/mlruns/mlflow.db`` with
+artifacts under ``<repo>/mlruns/artifacts`` (this MLflow refuses the plain file store).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tasks.models import REPO_ROOT
+
+MAX_PARAM_CHARS = 6000
+MAX_PARAMS_PER_BATCH = 100
+MAX_METRICS_PER_BATCH = 1000
+PARENT_TAG = "mlflow.parentRunId"
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else the project's SQLite store under mlruns/."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    store = REPO_ROOT / "mlruns"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def _artifact_root_for(uri: str) -> str | None:
+    """Local artifact root beside a SQLite store; None lets a tracking server decide."""
+    if uri.startswith("sqlite:///"):
+        db_path = Path(uri.removeprefix("sqlite:///"))
+        return (db_path.parent / "artifacts").resolve().as_uri()
+    return None
+
+
+def canonical_param(value: Any) -> str:
+    """One string form per value, so a resume never re-logs "7" as "7.0"."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+
+
+def flatten_params(data: Mapping[str, Any], prefix: str = "", max_chars: int = 250) -> dict[str, str]:
+    """Flatten a nested config dict to dotted keys with canonical string values.
+
+    Lists and dicts that fit in ``max_chars`` become compact JSON; longer ones (prompt lists)
+    are left to the config artifact.
+    """
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and all(isinstance(k, str) for k in value):
+            nested = flatten_params(value, f"{name}.", max_chars)
+            if nested:
+                flat.update(nested)
+                continue
+        text = canonical_param(value)
+        if len(text) <= min(max_chars, MAX_PARAM_CHARS):
+            flat[name] = text
+        elif isinstance(value, (list, tuple)):
+            flat[f"{name}.count"] = str(len(value))
+    return flat
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Keep numeric, finite values (None, NaN and inf cannot be MLflow metrics)."""
+    kept = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            kept[key] = float(value)
+    return kept
+
+
+def _chunks(items: list, size: int) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@dataclass(frozen=True)
+class TrackingTarget:
+    """Where to track, as plain values: what flows hand to tasks (a live client is built inside
+    the task, so Prefect never has to hash or pickle it)."""
+
+    experiment: str
+    tracking_uri: str | None
+    enabled: bool = True
+
+    def open(self) -> "Tracker":
+        return Tracker(self.experiment, self.tracking_uri, self.enabled)
+
+
+class Tracker:
+    """Explicit-run-id access to one MLflow experiment; a disabled tracker does nothing.
+
+    Every method takes the run id; none reads MLflow's active run.
+    """
+
+    def __init__(self, experiment: str, tracking_uri: str | None = None, enabled: bool = True):
+        self.enabled = enabled
+        self.experiment = experiment
+        self.tracking_uri = tracking_uri or (default_tracking_uri() if enabled else None)
+        self._client = None
+        self._experiment_id: str | None = None
+        if enabled:
+            from mlflow.tracking import MlflowClient
+
+            self._client = MlflowClient(tracking_uri=self.tracking_uri)
+            found = self._client.get_experiment_by_name(experiment)
+            if found is None:
+                self._experiment_id = self._client.create_experiment(
+                    experiment, artifact_location=_artifact_root_for(self.tracking_uri)
+                )
+            else:
+                self._experiment_id = found.experiment_id
+
+    def start_run(
+        self, name: str, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None
+    ) -> str | None:
+        """Create a run (nested under ``parent_run_id`` when given) and return its id."""
+        if not self.enabled:
+            return None
+        all_tags = {key: str(value) for key, value in (tags or {}).items()}
+        if parent_run_id:
+            all_tags[PARENT_TAG] = parent_run_id
+        run = self._client.create_run(self._experiment_id, run_name=name, tags=all_tags)
+        return run.info.run_id
+
+    def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
+        if self.enabled and run_id:
+            self._client.set_terminated(run_id, status=status)
+
+    def log_params(self, run_id: str | None, params: Mapping[str, str]) -> None:
+        if not (self.enabled and run_id and params):
+            return
+        from mlflow.entities import Param
+
+        entries = [Param(key, str(value)[:MAX_PARAM_CHARS]) for key, value in params.items()]
+        for batch in _chunks(entries, MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(run_id, params=batch, synchronous=True)
+
+    def log_metrics(
+        self, run_id: str | None, metrics: Mapping[str, Any], step: int = 0
+    ) -> None:
+        """Log finite numeric metrics in batches of 1000; other values are skipped."""
+        if not (self.enabled and run_id):
+            return
+        from mlflow.entities import Metric
+
+        now_ms = int(time.time() * 1000)  # MLflow's timestamp is wall-clock by definition
+        entries = [Metric(k, v, now_ms, step) for k, v in finite_metrics(metrics).items()]
+        for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
+            self._client.log_batch(run_id, metrics=batch, synchronous=True)
+
+    def log_metric_series(self, run_id: str | None, key: str, values: Iterable[float]) -> None:
+        """One metric with a step per value (e.g. decode_ms per decode step)."""
+        if not (self.enabled and run_id):
+            return
+        from mlflow.entities import Metric
+
+        now_ms = int(time.time() * 1000)
+        entries = [
+            Metric(key, float(v), now_ms, step)
+            for step, v in enumerate(values)
+            if v is not None and math.isfinite(v)
+        ]
+        for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
+            self._client.log_batch(run_id, metrics=batch, synchronous=True)
+
+    def set_tags(self, run_id: str | None, tags: Mapping[str, Any]) -> None:
+        if not (self.enabled and run_id and tags):
+            return
+        from mlflow.entities import RunTag
+
+        entries = [RunTag(key, str(value)[:8000]) for key, value in tags.items()]
+        for batch in _chunks(entries, MAX_PARAMS_PER_BATCH):
+            self._client.log_batch(run_id, tags=batch, synchronous=True)
+
+    def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> None:
+        if self.enabled and run_id and Path(path).exists():
+            self._client.log_artifact(run_id, str(path), artifact_path)
+
+    def log_text(self, run_id: str | None, text: str, artifact_file: str) -> None:
+        if self.enabled and run_id:
+            self._client.log_text(run_id, text, artifact_file)
+
+    def log_dict(self, run_id: str | None, data: dict, artifact_file: str) -> None:
+        if self.enabled and run_id:
+            self._client.log_dict(run_id, data, artifact_file)
+
+    def run_url(self, run_id: str | None) -> str | None:
+        """The run's page when the tracking URI is a server; None for a local store."""
+        if not (self.enabled and run_id and self.tracking_uri.startswith("http")):
+            return None
+        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
+
+    def ui_command(self) -> str:
+        """The command that opens the MLflow UI on this store."""
+        uri = self.tracking_uri or default_tracking_uri()
+        if uri.startswith("http"):
+            return f"open {uri}"
+        return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000"

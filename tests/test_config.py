@@ -1,0 +1,63 @@
+"""Config validation: unknown keys and bad values name the field; shipped configs load."""
+
+from pathlib import Path
+
+import pytest
+
+from tasks.config import AuditConfig, ConfigError, load_config
+
+CONFIGS = Path(__file__).resolve().parent.parent / "configs"
+
+
+@pytest.mark.parametrize("name", ["default.yaml", "smoke.yaml"])
+def test_shipped_configs_validate(name):
+    cfg = load_config(CONFIGS / name)
+    assert isinstance(cfg, AuditConfig)
+    assert cfg.profile.model == "gguf:default"
+
+
+def test_default_yaml_matches_builtin_defaults_where_it_should():
+    cfg = load_config(CONFIGS / "default.yaml")
+    assert cfg.stream.max_concurrency == [1, 4]
+    assert cfg.sweep.temperature == [0.0, 0.7, 1.2] and cfg.sweep.top_p == [0.9, 1.0]
+    assert cfg.sweep.samples == 3
+    assert {"smart", "smarter", "token", "tokenization"} <= set(cfg.tokenize.prompts)
+
+
+def _write(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_unknown_key_names_the_field(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(_write(tmp_path, "stream:\n  max_concurency: [1]\n"))
+    message = str(err.value)
+    assert "stream.max_concurency" in message and "unknown key" in message
+    assert "\n" not in message
+
+
+def test_bad_value_names_the_field(tmp_path):
+    with pytest.raises(ConfigError, match=r"sweep\.top_p"):
+        load_config(_write(tmp_path, "sweep:\n  top_p: [1.5]\n"))
+    with pytest.raises(ConfigError, match=r"stream\.max_concurrency"):
+        load_config(_write(tmp_path, "stream:\n  max_concurrency: [0]\n"))
+    with pytest.raises(ConfigError, match=r"profile\.dtype"):
+        load_config(_write(tmp_path, "profile:\n  dtype: float8\n"))
+    with pytest.raises(ConfigError, match=r"stream\.goodput"):
+        load_config(_write(tmp_path, "stream:\n  goodput: {latency: 5}\n"))
+
+
+def test_api_key_env_must_be_a_variable_name_not_a_key(tmp_path):
+    with pytest.raises(ConfigError, match=r"endpoint\.api_key_env"):
+        load_config(_write(tmp_path, "endpoint:\n  api_key_env: sk-abc/def+ghi\n"))
+
+
+def test_missing_file_and_bad_yaml(tmp_path):
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.yaml")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_config(_write(tmp_path, "stream: [unclosed\n"))
+    with pytest.raises(ConfigError, match="mapping"):
+        load_config(_write(tmp_path, "- a\n- b\n"))

@@ -1,0 +1,193 @@
+"""Percentiles, goodput and per-level aggregates: one place, used by every stage.
+
+Pure standard library. Definitions (DESIGN.md, "Metric definitions"):
+
+- Percentiles use linear interpolation between closest ranks, the same as numpy's default
+  ``method="linear"`` (Hyndman & Fan type 7), which vLLM's ``benchmark_serving.py`` and
+  GenAI-Perf both use (through numpy).
+- A distribution ``name`` is reported as ``name_mean``, ``name_p50``, ``name_p90``,
+  ``name_p95``, ``name_p99``, ``name_max``.
+- ``itl_ms``: every gap between successive text-carrying chunks of a request, pooled over the
+  successful requests of a level (vLLM / SGLang ``benchmark_serving``: ``itls += output.itl``).
+- ``tpot_ms``: per request ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` (vLLM's TPOT; GenAI-Perf
+  calls this per-request figure "inter token latency").
+- ``output_tokens_per_s``: output tokens of the successful requests / wall time of the whole
+  level (vLLM ``output_throughput``); ``requests_per_s``: successful requests / wall time
+  (vLLM ``request_throughput``).
+- Goodput: requests per second that met every SLO given (vLLM ``--goodput``, from DistServe,
+  Zhong et al. 2024): a request is good when it succeeded and each named metric is
+  ``<= limit``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+#: The statistics of every distribution, in report order.
+STAT_NAMES: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
+
+#: Percentile of each ``pNN`` statistic.
+_PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+
+#: The per-request metrics an SLO may name (all in milliseconds).
+SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
+
+
+def percentile(sorted_values: Sequence[float], q: float) -> float | None:
+    """The ``q``-th percentile (0..100) of already sorted values, numpy's 'linear' method.
+
+    ``h = (n - 1) * q / 100``; the result interpolates between ``x[floor(h)]`` and
+    ``x[floor(h) + 1]``. None for no values.
+    """
+    n = len(sorted_values)
+    if n == 0:
+        return None
+    if not 0.0 <= q <= 100.0:
+        raise ValueError(f"percentile must lie in [0, 100], got {q}")
+    h = (n - 1) * q / 100.0
+    lo = math.floor(h)
+    hi = min(lo + 1, n - 1)
+    lower = float(sorted_values[lo])
+    return lower + (h - lo) * (float(sorted_values[hi]) - lower)
+
+
+def summarize(values: Iterable[float | None]) -> dict[str, float | None]:
+    """mean, p50, p90, p95, p99 and max of the values (None entries are skipped).
+
+    Returns a dict keyed by :data:`STAT_NAMES`; every value is None when there is no value.
+    Units are those of the input.
+    """
+    data = sorted(float(v) for v in values if v is not None)
+    if not data:
+        return {name: None for name in STAT_NAMES}
+    out: dict[str, float | None] = {"mean": math.fsum(data) / len(data)}
+    for name, q in _PERCENTILES.items():
+        out[name] = percentile(data, q)
+    out["max"] = data[-1]
+    return {name: out[name] for name in STAT_NAMES}
+
+
+def flatten_stats(name: str, values: Iterable[float | None]) -> dict[str, float | None]:
+    """``{f"{name}_{stat}": value}`` for each statistic of :func:`summarize`."""
+    return {f"{name}_{stat}": value for stat, value in summarize(values).items()}
+
+
+def _field(record: Any, name: str) -> Any:
+    if isinstance(record, Mapping):
+        return record.get(name)
+    return getattr(record, name, None)
+
+
+def _error_class_or_none(record: Any) -> str | None:
+    error_class = _field(record, "error_class")
+    if error_class is None and isinstance(record, Mapping):
+        error = record.get("error")
+        if isinstance(error, Mapping):
+            error_class = error.get("class") or "unknown"
+    return error_class
+
+
+def _succeeded(record: Any) -> bool:
+    """Success = at least one token and no error (DESIGN.md)."""
+    value = _field(record, "succeeded")
+    if isinstance(value, bool):
+        return value
+    return _error_class_or_none(record) is None and _field(record, "ttft_ms") is not None
+
+
+def _error_class(record: Any) -> str:
+    return _error_class_or_none(record) or "unknown"
+
+
+def _check_slos(slos: Mapping[str, float]) -> None:
+    for metric in slos:
+        if metric not in SLO_METRICS:
+            raise ValueError(f"unknown SLO metric {metric!r}; use one of {list(SLO_METRICS)}")
+
+
+def meets_slos(record: Any, slos: Mapping[str, float]) -> bool:
+    """Whether one request met every SLO (``metric <= limit``; all limits in milliseconds).
+
+    A failed request meets none. A metric the request lacks fails its SLO: a request with
+    ``tpot_ms`` None (fewer than 2 output tokens) fails a ``tpot_ms`` SLO. An ``itl_ms`` SLO
+    asks that every inter-chunk gap of the request be ``<= limit``; a request with no gap
+    (a single text chunk) fails it, as for TPOT.
+    """
+    _check_slos(slos)
+    if not _succeeded(record):
+        return False
+    for metric, limit in slos.items():
+        if metric == "itl_ms":
+            gaps = _field(record, "itl_ms") or []
+            if not gaps or max(gaps) > limit:
+                return False
+            continue
+        value = _field(record, metric)
+        if value is None or value > limit:
+            return False
+    return True
+
+
+def _per_second(count: float | None, wall_s: float | None) -> float | None:
+    if count is None or wall_s is None or not wall_s > 0:
+        return None
+    return count / wall_s
+
+
+def aggregate_level(
+    records: Iterable[Any],
+    wall_s: float | None,
+    goodput_slos: Mapping[str, float] | None = None,
+) -> dict[str, float | int | None]:
+    """The figures of one load level, over its non-warm-up records.
+
+    Args:
+        records: request records (``tasks.stream.records.RequestRecord`` or anything with the
+            same attribute / mapping keys). Records with ``warmup`` true are left out.
+        wall_s: wall time of the whole level in seconds (first measured send to last measured
+            completion). None or 0 gives None for the per-second figures.
+        goodput_slos: e.g. ``{"ttft_ms": 500, "tpot_ms": 50}``; see :func:`meets_slos`. Goodput
+            keys appear only when SLOs are given.
+
+    Returns a flat dict: ``ttft_ms_*``, ``itl_ms_*`` (all gaps of the successful requests
+    pooled), ``tpot_ms_*``, ``e2e_ms_*`` (successful requests only; stats in
+    :data:`STAT_NAMES`); ``num_requests``, ``num_succeeded``, ``num_errors``, ``error_rate``
+    (errors / requests), ``errors_<class>`` for each error class present;
+    ``output_tokens_total`` (successful requests; None when a successful request has no
+    count), ``output_tokens_per_s``, ``requests_per_s`` (successful / wall_s); with SLOs,
+    ``goodput_requests_per_s`` (good / wall_s) and ``goodput_fraction`` (good / requests).
+    """
+    if goodput_slos:
+        _check_slos(goodput_slos)
+    measured = [r for r in records if not _field(r, "warmup")]
+    ok = [r for r in measured if _succeeded(r)]
+    failed = [r for r in measured if not _succeeded(r)]
+
+    out: dict[str, float | int | None] = {}
+    out.update(flatten_stats("ttft_ms", (_field(r, "ttft_ms") for r in ok)))
+    out.update(flatten_stats("itl_ms", (gap for r in ok for gap in (_field(r, "itl_ms") or []))))
+    out.update(flatten_stats("tpot_ms", (_field(r, "tpot_ms") for r in ok)))
+    out.update(flatten_stats("e2e_ms", (_field(r, "e2e_ms") for r in ok)))
+
+    num_requests = len(measured)
+    out["num_requests"] = num_requests
+    out["num_succeeded"] = len(ok)
+    out["num_errors"] = len(failed)
+    out["error_rate"] = len(failed) / num_requests if num_requests else None
+    for error_class, count in sorted(Counter(_error_class(r) for r in failed).items()):
+        out[f"errors_{error_class}"] = count
+
+    counts = [_field(r, "output_tokens") for r in ok]
+    total = None if any(c is None for c in counts) else int(sum(counts))
+    out["output_tokens_total"] = total
+    out["output_tokens_per_s"] = _per_second(total, wall_s)
+    out["requests_per_s"] = _per_second(len(ok), wall_s)
+
+    if goodput_slos:
+        good = sum(1 for r in ok if meets_slos(r, goodput_slos))
+        out["goodput_requests_per_s"] = _per_second(good, wall_s)
+        out["goodput_fraction"] = good / num_requests if num_requests else None
+    return out

@@ -1,0 +1,246 @@
+"""Error classes of a streamed request, and the mapping from client exceptions to them.
+
+The classes are those of DESIGN.md ("Metric definitions"): a failed request is counted under
+exactly one class, reported as ``errors_<class>`` and in ``error_rate``, and left out of the
+latency percentiles. Two classes are added for what DESIGN.md does not name: ``bad_request``
+(any other 4xx, e.g. 400 "context too long" or 422) and ``unknown`` (an exception nothing here
+recognises; the message names its type).
+
+The openai client (3.x) sends through ``httpx2``; a transport failure during the request or the
+stream reaches the caller as ``openai.APIConnectionError`` / ``APITimeoutError`` with the httpx2
+(or httpx) exception as ``__cause__``, so :func:`classify` walks the cause chain.
+
+Messages never contain an API key: any known secret is replaced, and anything shaped like a
+bearer token or an ``sk-`` key is masked.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from collections.abc import Iterable
+
+import httpx2
+import openai
+
+AUTH = "auth"  #: HTTP 401 / 403
+NOT_FOUND = "not_found"  #: HTTP 404 (model or path)
+RATE_LIMITED = "rate_limited"  #: HTTP 429
+SERVER = "server"  #: HTTP 5xx, or an error object inside the stream
+TIMEOUT = "timeout"  #: no response / no next chunk within the timeout
+STREAM_BROKEN = "stream_broken"  #: connection or chunked body cut after the request was sent
+BAD_PAYLOAD = "bad_payload"  #: a data line that is not valid JSON
+EMPTY_RESPONSE = "empty_response"  #: HTTP 200 but no token
+CONNECTION = "connection"  #: refused, DNS failure: the request never reached a server
+BAD_REQUEST = "bad_request"  #: any other 4xx (not in DESIGN.md's list)
+UNKNOWN = "unknown"  #: an exception not recognised here (not in DESIGN.md's list)
+
+#: Every class, in report order.
+ERROR_CLASSES: tuple[str, ...] = (
+    AUTH,
+    NOT_FOUND,
+    RATE_LIMITED,
+    SERVER,
+    TIMEOUT,
+    STREAM_BROKEN,
+    BAD_PAYLOAD,
+    EMPTY_RESPONSE,
+    CONNECTION,
+    BAD_REQUEST,
+    UNKNOWN,
+)
+
+
+class StreamError(Exception):
+    """An error the client detects itself (in-stream error object, no token): already classed."""
+
+    def __init__(self, error_class: str, message: str) -> None:
+        super().__init__(message)
+        self.error_class = error_class
+        self.message = message
+
+
+_KEY_PATTERNS = (
+    re.compile(r"(?i)(bearer\s+)[^\s\"',]+"),
+    re.compile(r"\bsk-[A-Za-z0-9_\-*]{4,}"),
+)
+
+
+def redact(text: str, secrets: Iterable[str | None] = ()) -> str:
+    """``text`` with every given secret and anything shaped like an API key replaced."""
+    for secret in secrets:
+        if secret and len(secret) >= 4:
+            text = text.replace(secret, "[redacted]")
+    text = _KEY_PATTERNS[0].sub(r"\1[redacted]", text)
+    return _KEY_PATTERNS[1].sub("[redacted]", text)
+
+
+def _httpx_modules() -> list:
+    """httpx2 always; legacy httpx only when something already imported it."""
+    modules = [httpx2]
+    legacy = sys.modules.get("httpx")
+    if legacy is not None:
+        modules.append(legacy)
+    return modules
+
+
+def _is(exc: BaseException, name: str) -> bool:
+    """isinstance against the exception class ``name`` of httpx2 and (if loaded) httpx."""
+    types = tuple(getattr(m, name) for m in _httpx_modules() if hasattr(m, name))
+    return bool(types) and isinstance(exc, types)
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    chain: list[BaseException] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen and len(chain) < 16:
+        chain.append(current)
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def _server_message(exc: openai.APIError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        message = body.get("message") or body.get("error") or body.get("detail")
+        if message:
+            return str(message)
+    if isinstance(body, str) and body.strip():
+        return body.strip()[:300]
+    return exc.message
+
+
+def _url(exc: BaseException) -> str:
+    try:
+        request = getattr(exc, "request", None)
+        return str(request.url) if request is not None else "the endpoint"
+    except Exception:  # noqa: BLE001 - httpx raises if the request is unset
+        return "the endpoint"
+
+
+def _classify_status(
+    exc: openai.APIStatusError, *, api_key_env: str | None, model: str | None
+) -> tuple[str, str]:
+    code = exc.status_code
+    detail = _server_message(exc)
+    if code == 401:
+        where = (
+            f"set a valid key in the environment variable {api_key_env}"
+            if api_key_env
+            else "set endpoint.api_key_env to the NAME of the environment variable that holds "
+            "the key (default OPENAI_API_KEY)"
+        )
+        return AUTH, f"HTTP 401: the endpoint rejected the API key; {where}. Server said: {detail}"
+    if code == 403:
+        key = f" (key from {api_key_env})" if api_key_env else ""
+        return AUTH, (
+            f"HTTP 403: the API key{key} is not allowed to use this model or endpoint. "
+            f"Server said: {detail}"
+        )
+    if code == 404:
+        name = f"model {model!r}" if model else "the model"
+        return NOT_FOUND, (
+            f"HTTP 404 from {_url(exc)}: {name} or the path was not found; check endpoint.model "
+            f"and that base_url ends with /v1. Server said: {detail}"
+        )
+    if code == 429:
+        retry = exc.response.headers.get("retry-after")
+        after = f" (retry-after: {retry} s)" if retry else ""
+        return RATE_LIMITED, (
+            f"HTTP 429: rate limited{after}; lower max_concurrency or the request rate, or raise "
+            f"the endpoint's limit. Server said: {detail}"
+        )
+    if code >= 500:
+        return SERVER, f"HTTP {code}: server error. Server said: {detail}"
+    return BAD_REQUEST, f"HTTP {code}: the endpoint refused the request. Server said: {detail}"
+
+
+def _classify_transport(exc: BaseException, url: str, in_stream: bool) -> tuple[str, str] | None:
+    """Class of an httpx2/httpx/OS transport exception, or None when it is not one."""
+    text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if _is(exc, "TimeoutException") or isinstance(exc, TimeoutError):
+        return TIMEOUT, f"timed out waiting for {url} ({text}); raise endpoint.request_timeout_s"
+    cut = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
+    if _is(exc, "ConnectError") or (isinstance(exc, OSError) and not isinstance(exc, cut)):
+        if in_stream and not _is(exc, "ConnectError"):
+            return STREAM_BROKEN, f"the stream from {url} was cut: {text}"
+        return CONNECTION, (
+            f"could not connect to {url} ({text}); is the server running and the base_url right?"
+        )
+    if (
+        _is(exc, "RemoteProtocolError")
+        or _is(exc, "ReadError")
+        or _is(exc, "NetworkError")
+        or _is(exc, "ProtocolError")
+        or isinstance(exc, cut)
+        or type(exc).__name__ in {"EndOfStream", "BrokenResourceError", "ClosedResourceError"}
+    ):
+        return STREAM_BROKEN, f"the connection to {url} was cut mid-response: {text}"
+    return None
+
+
+def classify(
+    exc: BaseException,
+    *,
+    api_key_env: str | None = None,
+    model: str | None = None,
+    in_stream: bool = False,
+    secrets: Iterable[str | None] = (),
+) -> tuple[str, str]:
+    """Map an exception from a streamed chat request to ``(error_class, message)``.
+
+    Args:
+        exc: what the openai client (or httpx2 / httpx / the SSE decoder) raised.
+        api_key_env: NAME of the variable holding the key, named in 401/403 messages.
+        model: the requested model, named in 404 messages.
+        in_stream: the response headers had arrived (a refused/closed socket is then a broken
+            stream, not a connection failure).
+        secrets: values to scrub from the message (the API key).
+
+    Mapping: 401/403 -> auth; 404 -> not_found; 429 -> rate_limited; 5xx and an error object in
+    the stream -> server; other 4xx -> bad_request; timeouts -> timeout; refused / DNS ->
+    connection; connection or chunked body cut -> stream_broken; invalid JSON data line ->
+    bad_payload; :class:`StreamError` keeps its own class.
+    """
+    error_class, message = _classify(exc, api_key_env=api_key_env, model=model, in_stream=in_stream)
+    return error_class, redact(message, secrets)
+
+
+def _classify(
+    exc: BaseException, *, api_key_env: str | None, model: str | None, in_stream: bool
+) -> tuple[str, str]:
+    if isinstance(exc, StreamError):
+        return exc.error_class, exc.message
+    if isinstance(exc, openai.APIStatusError):
+        return _classify_status(exc, api_key_env=api_key_env, model=model)
+    if isinstance(exc, openai.APITimeoutError):
+        return TIMEOUT, (
+            f"timed out waiting for {_url(exc)}; raise endpoint.request_timeout_s or check the "
+            "server's load"
+        )
+    if isinstance(exc, json.JSONDecodeError):
+        line = (exc.doc or "")[:120]
+        return BAD_PAYLOAD, f"the server sent a data line that is not valid JSON ({exc.msg}): {line!r}"
+    if isinstance(exc, openai.APIConnectionError):
+        url = _url(exc)
+        for cause in _causes(exc)[1:]:
+            found = _classify_transport(cause, url, in_stream)
+            if found:
+                return found
+        if in_stream:
+            return STREAM_BROKEN, f"the stream from {url} was cut: {exc.message}"
+        return CONNECTION, f"could not reach {url}: {exc.message}"
+    if isinstance(exc, openai.APIError):
+        # Raised by the client for a data line holding {"error": {...}} (an in-stream error).
+        return SERVER, f"the server sent an error inside the stream: {_server_message(exc)}"
+    for cause in _causes(exc):
+        found = _classify_transport(cause, _url(cause), in_stream)
+        if found:
+            return found
+    if isinstance(exc, UnicodeDecodeError):
+        return BAD_PAYLOAD, f"the server sent bytes that are not UTF-8: {exc}"
+    text = str(exc)
+    return UNKNOWN, f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,261 @@
+"""The request record, its crash-safe JSONL writer, and its Parquet tables.
+
+One :class:`RequestRecord` per streamed request (DESIGN.md, "Metric definitions"): times in
+milliseconds since the client's ``time.perf_counter_ns()`` just before the request was sent.
+
+- ``RecordWriter`` appends one JSON line per finished record and flushes it to the OS at once,
+  so a crash of the process keeps every record finished before it; an ``fsync`` per record
+  (done by a helper thread, so the event loop that times other streams is not blocked on the
+  disk) makes it survive an OS crash too. ``read_jsonl`` reads such a file back, skipping a
+  final line cut by the crash.
+- ``write_parquet`` writes ``requests.parquet`` (one row per request, ``itl_ms`` as a list
+  column) and ``tokens.parquet`` (one row per text-carrying chunk: ``request_id``, ``index``,
+  ``offset_ms`` since send, ``gap_ms`` since the previous chunk, null for the first). A chunk
+  may carry several tokens; the rows are chunk events, as the ITL definition counts them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+
+
+@dataclass
+class RequestRecord:
+    """One streamed request and what was measured of it (times in ms since send).
+
+    Attributes:
+        request_id: unique within the run.
+        level: index of the load level; max_concurrency: that level's concurrency.
+        warmup: a warm-up request (recorded, left out of the statistics).
+        send_ns: ``time.perf_counter_ns()`` just before the request was sent (monotonic, ns).
+        input_tokens: prompt tokens (the caller's count, else the server's ``usage``).
+        ttft_ms: to the first chunk carrying text (content or reasoning); None if none came.
+        itl_ms: gaps between successive text-carrying chunks (text chunks - 1 entries).
+        tpot_ms: ``(e2e_ms - ttft_ms) / (output_tokens - 1)``; None below 2 output tokens.
+        e2e_ms: to the last text-carrying chunk.
+        stream_close_ms: to the end of the stream (after a late usage chunk / ``[DONE]``), or
+            to the failure for a failed request.
+        output_tokens: from ``usage.completion_tokens`` (source ``usage``) or the configured
+            tokenizer on ``output_text`` without special tokens (source ``tokenizer``).
+        output_text: all generated text, reasoning deltas included, in arrival order.
+        error_class / error_message: None for a success (see ``tasks.stream.errors``).
+        token_offsets_ms: arrival time of every text-carrying chunk since send.
+    """
+
+    request_id: str
+    level: int = 0
+    max_concurrency: int = 1
+    warmup: bool = False
+    send_ns: int = 0
+    input_tokens: int | None = None
+    ttft_ms: float | None = None
+    itl_ms: list[float] = field(default_factory=list)
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+    stream_close_ms: float | None = None
+    output_tokens: int | None = None
+    output_tokens_source: str | None = None
+    output_text: str = ""
+    error_class: str | None = None
+    error_message: str | None = None
+    token_offsets_ms: list[float] = field(default_factory=list)
+
+    @property
+    def succeeded(self) -> bool:
+        """At least one token and no error (DESIGN.md)."""
+        return self.error_class is None and self.ttft_ms is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """The record as a JSON-ready dict; ``error`` is null or ``{"class", "message"}``."""
+        error = (
+            None
+            if self.error_class is None
+            else {"class": self.error_class, "message": self.error_message}
+        )
+        return {
+            "request_id": self.request_id,
+            "level": self.level,
+            "max_concurrency": self.max_concurrency,
+            "warmup": self.warmup,
+            "send_ns": self.send_ns,
+            "input_tokens": self.input_tokens,
+            "ttft_ms": self.ttft_ms,
+            "itl_ms": list(self.itl_ms),
+            "tpot_ms": self.tpot_ms,
+            "e2e_ms": self.e2e_ms,
+            "stream_close_ms": self.stream_close_ms,
+            "output_tokens": self.output_tokens,
+            "output_tokens_source": self.output_tokens_source,
+            "output_text": self.output_text,
+            "error": error,
+            "token_offsets_ms": list(self.token_offsets_ms),
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> RequestRecord:
+        """Inverse of :meth:`to_json` (unknown keys are ignored)."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {k: v for k, v in data.items() if k in names}
+        error = data.get("error")
+        if isinstance(error, dict):
+            kwargs["error_class"] = error.get("class")
+            kwargs["error_message"] = error.get("message")
+        return cls(**kwargs)
+
+
+class RecordWriter:
+    """Append records to a JSONL file, one line each, flushed as soon as it is written.
+
+    Use as a context manager or call :meth:`close`. ``write`` is meant to be the load
+    generator's ``on_record`` callback; it must be called from one thread.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fsync = fsync
+        self._dirty = threading.Event()
+        self._stop = False
+        self._thread: threading.Thread | None = None
+        if fsync:
+            self._thread = threading.Thread(target=self._sync_loop, name="record-fsync", daemon=True)
+            self._thread.start()
+
+    def _sync_loop(self) -> None:
+        while True:
+            self._dirty.wait()
+            self._dirty.clear()
+            if self._stop:
+                return
+            try:
+                os.fsync(self._file.fileno())
+            except (OSError, ValueError):
+                return
+
+    def write(self, record: RequestRecord) -> None:
+        """Append one record as a JSON line and hand it to the OS (flush) before returning."""
+        self._file.write(json.dumps(record.to_json(), ensure_ascii=False) + "\n")
+        self._file.flush()
+        if self._fsync:
+            self._dirty.set()
+
+    __call__ = write
+
+    def close(self) -> None:
+        """Flush, fsync and close the file (idempotent)."""
+        if self._file.closed:
+            return
+        if self._thread is not None:
+            self._stop = True
+            self._dirty.set()
+            self._thread.join()
+        self._file.flush()
+        if self._fsync:
+            os.fsync(self._file.fileno())
+        self._file.close()
+
+    def __enter__(self) -> RecordWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def read_jsonl(path: str | os.PathLike[str]) -> list[RequestRecord]:
+    """The records of a JSONL file written by :class:`RecordWriter`.
+
+    A last line cut off by a crash is skipped; a bad line elsewhere raises ``ValueError``
+    naming the line.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    lines = path.read_text(encoding="utf-8").split("\n")
+    records: list[RequestRecord] = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(RequestRecord.from_json(json.loads(line)))
+        except (json.JSONDecodeError, TypeError) as exc:
+            is_last = all(not rest.strip() for rest in lines[number:])
+            if is_last:
+                break
+            raise ValueError(f"{path}:{number}: not a request record: {exc}") from None
+    return records
+
+
+_REQUEST_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String(),
+    "level": pl.Int64(),
+    "max_concurrency": pl.Int64(),
+    "warmup": pl.Boolean(),
+    "send_ns": pl.Int64(),
+    "input_tokens": pl.Int64(),
+    "ttft_ms": pl.Float64(),
+    "itl_ms": pl.List(pl.Float64()),
+    "tpot_ms": pl.Float64(),
+    "e2e_ms": pl.Float64(),
+    "stream_close_ms": pl.Float64(),
+    "output_tokens": pl.Int64(),
+    "output_tokens_source": pl.String(),
+    "output_text": pl.String(),
+    "error_class": pl.String(),
+    "error_message": pl.String(),
+    "succeeded": pl.Boolean(),
+}
+
+_TOKEN_SCHEMA: dict[str, pl.DataType] = {
+    "request_id": pl.String(),
+    "index": pl.Int64(),
+    "offset_ms": pl.Float64(),
+    "gap_ms": pl.Float64(),
+}
+
+
+def requests_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
+    """One row per request (columns of :data:`_REQUEST_SCHEMA`)."""
+    rows = []
+    for r in records:
+        row = asdict(r)
+        row.pop("token_offsets_ms")
+        row["itl_ms"] = [float(x) for x in r.itl_ms]
+        row["succeeded"] = r.succeeded
+        rows.append(row)
+    return pl.DataFrame(rows, schema=_REQUEST_SCHEMA)
+
+
+def tokens_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
+    """One row per text-carrying chunk: request_id, index, offset_ms, gap_ms (null first)."""
+    columns: dict[str, list[Any]] = {name: [] for name in _TOKEN_SCHEMA}
+    for r in records:
+        previous: float | None = None
+        for index, offset in enumerate(r.token_offsets_ms):
+            columns["request_id"].append(r.request_id)
+            columns["index"].append(index)
+            columns["offset_ms"].append(float(offset))
+            columns["gap_ms"].append(None if previous is None else float(offset) - previous)
+            previous = float(offset)
+    return pl.DataFrame(columns, schema=_TOKEN_SCHEMA)
+
+
+def write_parquet(
+    records: Iterable[RequestRecord],
+    requests_path: str | os.PathLike[str],
+    tokens_path: str | os.PathLike[str],
+) -> None:
+    """Write ``requests.parquet`` and ``tokens.parquet`` (see the module docstring)."""
+    records = list(records)
+    for path in (requests_path, tokens_path):
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+    requests_frame(records).write_parquet(requests_path)
+    tokens_frame(records).write_parquet(tokens_path)

@@ -1,0 +1,401 @@
+"""A purpose-built OpenAI-compatible SSE server with a KNOWN schedule per request.
+
+Run as a separate process (``python tests/groundtruth_server.py``; it prints ``PORT <n>``), so
+its timing does not share a GIL with the client under test. The request's ``model`` selects the
+scenario (see :data:`SCENARIOS`); every scenario is a list of steps: ``("sleep", ms)``,
+``("data", obj_or_str)`` (an SSE ``data:`` line), ``("raw", str)`` (raw SSE text, e.g. a
+comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body)``.
+
+Control endpoints: ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
+``POST /reset``.
+
+Use :func:`serve` (a context manager) from tests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import socket
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
+
+# Scenario schedules -----------------------------------------------------------------------
+
+
+def _chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None,
+           **extra_delta: Any) -> dict[str, Any]:
+    delta: dict[str, Any] = {}
+    if role is not None:
+        delta["role"] = role
+    if content is not None:
+        delta["content"] = content
+    delta.update(extra_delta)
+    return {
+        "id": "chatcmpl-gt",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gt",
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+
+
+def _usage(completion_tokens: int, prompt_tokens: int = 11) -> dict[str, Any]:
+    return {
+        "id": "chatcmpl-gt",
+        "object": "chat.completion.chunk",
+        "created": 0,
+        "model": "gt",
+        "choices": [],
+        "usage": {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        },
+    }
+
+
+def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": kind, "code": code}}
+
+
+#: Ground truth of the "schedule" scenario (client-side expectations in ms).
+SCHEDULE_TTFT_MS = 100
+SCHEDULE_GAP_MS = 50
+SCHEDULE_TEXT = ["Hello", " big", " world", " of", " tokens"]
+SCHEDULE_USAGE_TOKENS = 9  # chunks carry several tokens: the usage count is not the chunk count
+SCHEDULE_USAGE_DELAY_MS = 300
+
+SCENARIOS: dict[str, list[tuple]] = {
+    # role-only chunk at once, then 5 text chunks 100 ms / 50 ms apart, usage 300 ms later.
+    "schedule": [
+        ("data", _chunk(role="assistant", content="")),
+        ("sleep", SCHEDULE_TTFT_MS),
+        *[
+            step
+            for i, text in enumerate(SCHEDULE_TEXT)
+            for step in ((("sleep", SCHEDULE_GAP_MS),) if i else ()) + (("data", _chunk(text)),)
+        ],
+        ("data", _chunk(finish="stop")),
+        ("sleep", SCHEDULE_USAGE_DELAY_MS),
+        ("data", _usage(SCHEDULE_USAGE_TOKENS)),
+        ("data", "[DONE]"),
+    ],
+    # no usage chunk although include_usage was asked: the client must tokenize.
+    "no_usage": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("data", _chunk("one two")),
+        ("sleep", 20),
+        ("data", _chunk(" three four five")),
+        ("data", _chunk(finish="stop")),
+        ("data", "[DONE]"),
+    ],
+    # reasoning deltas (vLLM / DeepSeek style) come first and count as tokens.
+    "reasoning": [
+        ("data", _chunk(role="assistant", content="")),
+        ("sleep", 80),
+        ("data", _chunk(reasoning_content="Let me think")),
+        ("sleep", 40),
+        ("data", _chunk(reasoning_content=" hard.")),
+        ("sleep", 40),
+        ("data", _chunk("Answer")),
+        ("data", _usage(6)),
+        ("data", "[DONE]"),
+    ],
+    # the newer "reasoning" field name (vLLM >= 0.10, OpenRouter)
+    "reasoning_alt": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 60),
+        ("data", _chunk(reasoning="hmm")),
+        ("sleep", 30),
+        ("data", _chunk("ok")),
+        ("data", _usage(2)),
+        ("data", "[DONE]"),
+    ],
+    # SSE comments and an empty-content chunk before the first token must be ignored.
+    "keepalive": [
+        ("raw", ": keep-alive\n\n"),
+        ("data", _chunk(role="assistant")),
+        ("sleep", 40),
+        ("raw", ": keep-alive\n\n"),
+        ("data", _chunk("")),
+        ("sleep", 80),
+        ("data", _chunk("tick")),
+        ("sleep", 30),
+        ("raw", ": ping\n\n"),
+        ("data", _chunk(" tock")),
+        ("data", _usage(2)),
+        ("data", "[DONE]"),
+    ],
+    # an error object inside a 200 stream (OpenAI / llama.cpp shape)
+    "stream_error": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 30),
+        ("data", _chunk("partial")),
+        ("sleep", 10),
+        ("data", _error_body("model crashed", "server_error", 500)),
+    ],
+    # vLLM's older in-stream error shape: {"object": "error", ...}
+    "stream_error_vllm": [
+        ("data", _chunk("partial")),
+        ("data", {"object": "error", "message": "engine dead", "type": "InternalServerError",
+                  "code": 500}),
+    ],
+    "http_401": [("status", 401, _error_body(
+        "Incorrect API key provided: sk-test-SECRET123456. Get one at example.com",
+        "invalid_request_error", 401))],
+    "http_403": [("status", 403, _error_body("no access to this model", "forbidden", 403))],
+    "http_404": [("status", 404, _error_body("The model does not exist", "not_found", 404))],
+    "http_429": [("status", 429, _error_body("Too many requests", "rate_limit", 429))],
+    "http_500": [("status", 500, _error_body("internal failure", "server_error", 500))],
+    "http_400": [("status", 400, _error_body("context too long", "invalid_request_error", 400))],
+    # body cut after two text chunks (no terminating chunk)
+    "cut": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 30),
+        ("data", _chunk("one")),
+        ("sleep", 30),
+        ("data", _chunk(" two")),
+        ("sleep", 10),
+        ("cut",),
+    ],
+    # connection reset (RST) after one text chunk
+    "reset": [
+        ("data", _chunk("one")),
+        ("sleep", 30),
+        ("reset",),
+    ],
+    # a data line that is not JSON
+    "bad_json": [
+        ("data", _chunk("fine")),
+        ("sleep", 10),
+        ("data", "{this is not json"),
+        ("data", "[DONE]"),
+    ],
+    # 200, role chunk, finish, usage 0, no text
+    "empty": [
+        ("data", _chunk(role="assistant", content="")),
+        ("data", _chunk(finish="stop")),
+        ("data", _usage(0)),
+        ("data", "[DONE]"),
+    ],
+    # one text chunk carrying one token: TPOT undefined
+    "single": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("data", _chunk("Yes")),
+        ("data", _usage(1)),
+        ("data", "[DONE]"),
+    ],
+    # slow first token, for timeouts
+    "slow": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 3000),
+        ("data", _chunk("late")),
+        ("data", "[DONE]"),
+    ],
+    # for concurrency: each request holds the server ~150 ms
+    "hold": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 50),
+        ("data", _chunk("a")),
+        ("sleep", 50),
+        ("data", _chunk(" b")),
+        ("sleep", 50),
+        ("data", _chunk(" c")),
+        ("data", _usage(3)),
+        ("data", "[DONE]"),
+    ],
+}
+
+
+# The server ---------------------------------------------------------------------------------
+
+
+class _State:
+    def __init__(self) -> None:
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self.requests: list[dict[str, Any]] = []
+
+
+def _response_head(status: int, reason: str, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {reason}"] + [f"{k}: {v}" for k, v in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def _http_chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+async def _send_json(writer: asyncio.StreamWriter, status: int, body: Any) -> None:
+    payload = json.dumps(body).encode()
+    reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+               404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}
+    headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
+    if status == 429:
+        headers["Retry-After"] = "2"
+    writer.write(_response_head(status, reasons.get(status, "Error"), headers) + payload)
+    await writer.drain()
+
+
+async def _stream(writer: asyncio.StreamWriter, steps: list[tuple]) -> bool:
+    """Play a schedule. Returns False when the connection was cut on purpose."""
+    if steps and steps[0][0] == "status":
+        _, code, body = steps[0]
+        await _send_json(writer, code, body)
+        return True
+    writer.write(_response_head(200, "OK", {
+        "Content-Type": "text/event-stream",
+        "Cache-Control": "no-cache",
+        "Transfer-Encoding": "chunked",
+    }))
+    await writer.drain()
+    for step in steps:
+        kind = step[0]
+        if kind == "sleep":
+            await asyncio.sleep(step[1] / 1000)
+            continue
+        if kind == "cut":  # FIN without the terminating chunk: an incomplete chunked body
+            await writer.drain()
+            writer.close()
+            return False
+        if kind == "reset":  # RST
+            writer.transport.abort()
+            return False
+        if kind == "raw":
+            text = step[1]
+        else:
+            data = step[1] if isinstance(step[1], str) else json.dumps(step[1])
+            text = f"data: {data}\n\n"
+        writer.write(_http_chunk(text.encode()))
+        await writer.drain()
+    writer.write(b"0\r\n\r\n")
+    await writer.drain()
+    return True
+
+
+async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    try:
+        while True:
+            try:
+                head = await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                return
+            request_line, *header_lines = head.decode("latin-1").split("\r\n")
+            method, path, _ = request_line.split(" ", 2)
+            headers = {}
+            for line in header_lines:
+                if ":" in line:
+                    key, value = line.split(":", 1)
+                    headers[key.strip().lower()] = value.strip()
+            length = int(headers.get("content-length", "0"))
+            body = await reader.readexactly(length) if length else b""
+
+            if method == "GET" and path.startswith("/stats"):
+                await _send_json(writer, 200, {
+                    "max_in_flight": state.max_in_flight, "requests": state.requests})
+                continue
+            if method == "POST" and path.startswith("/reset"):
+                state.__init__()
+                await _send_json(writer, 200, {"ok": True})
+                continue
+            if not path.endswith("/chat/completions"):
+                await _send_json(writer, 404, _error_body(f"no route {path}", "not_found", 404))
+                continue
+
+            request = json.loads(body or b"{}")
+            request["_authorization"] = headers.get("authorization")
+            state.requests.append(request)
+            steps = SCENARIOS.get(request.get("model", ""))
+            if steps is None:
+                await _send_json(writer, 404, _error_body(
+                    f"unknown model {request.get('model')!r}", "not_found", 404))
+                continue
+            state.in_flight += 1
+            state.max_in_flight = max(state.max_in_flight, state.in_flight)
+            try:
+                keep = await _stream(writer, steps)
+            finally:
+                state.in_flight -= 1
+            if not keep:
+                return
+    except (ConnectionError, asyncio.CancelledError):
+        return
+    finally:
+        with contextlib.suppress(Exception):
+            writer.close()
+
+
+async def _main(port: int) -> None:
+    state = _State()
+    server = await asyncio.start_server(
+        lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=256)
+    print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
+    async with server:
+        await server.serve_forever()
+
+
+# Test helpers -------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    """A port that was free a moment ago and has nothing listening on it now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class GroundTruthServer:
+    """Handle on a running server process: ``base_url`` (…/v1), ``stats()``, ``reset()``."""
+
+    def __init__(self, process: subprocess.Popen, port: int) -> None:
+        self.process = process
+        self.port = port
+        self.base_url = f"http://127.0.0.1:{port}/v1"
+
+    def _call(self, method: str, path: str) -> Any:
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{self.port}{path}", method=method,
+            data=b"" if method == "POST" else None)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return json.loads(response.read())
+
+    def stats(self) -> dict[str, Any]:
+        return self._call("GET", "/stats")
+
+    def reset(self) -> None:
+        self._call("POST", "/reset")
+
+
+@contextlib.contextmanager
+def serve() -> Iterator[GroundTruthServer]:
+    """Start the server in a child process on a free port; stop it on exit."""
+    process = subprocess.Popen(
+        [sys.executable, os.path.abspath(__file__)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        line = process.stdout.readline() if process.stdout else ""
+        if not line.startswith("PORT "):
+            raise RuntimeError(f"ground-truth server did not start: {line!r}")
+        yield GroundTruthServer(process, int(line.split()[1]))
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        if process.stdout:
+            process.stdout.close()
+
+
+if __name__ == "__main__":
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))

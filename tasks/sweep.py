@@ -89,8 +89,8 @@ def point_metrics(
     token_lists = [encode(text) for text in texts]
     same = identical_fraction(texts)
     return {
-        "samples": len(records),
-        "samples_failed": len(records) - len(ok),
+        "num_samples": len(records),
+        "num_samples_failed": len(records) - len(ok),
         "identical_fraction": same,
         "distinct_1": distinct_n(token_lists, 1),
         "distinct_2": distinct_n(token_lists, 2),

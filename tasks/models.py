@@ -173,7 +173,9 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # progress bars belong between points, not in the log
     folder = hf_folder(resolve(spec))
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))

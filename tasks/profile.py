@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from tasks import stats
 from tasks.memory import (
     RssSampler,
     cuda_allocated_bytes,
@@ -206,20 +207,23 @@ def _synchronize(device: torch.device) -> None:
 
 
 def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100), linear interpolation between closest ranks (numpy's default).
+    """The q-th percentile (0..100) of unsorted values: :func:`tasks.stats.percentile`.
 
     Raises:
         ValueError: empty ``values`` or q outside [0, 100].
     """
     if not values:
         raise ValueError("percentile of no values")
-    if not 0 <= q <= 100:
-        raise ValueError("q must lie in [0, 100]")
-    ordered = sorted(values)
-    rank = (len(ordered) - 1) * q / 100
-    low = math.floor(rank)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
+    return stats.percentile(sorted(values), q)
+
+
+def _warmup_and_runs(model, input_ids, max_new_tokens: int, warmup: int, repeats: int):
+    """Untimed-for-statistics warm-up runs (their prefill times kept), then the timed runs."""
+    warmup_prefill_ms = [
+        _one_run(model, input_ids, max_new_tokens)["prefill_ms"] for _ in range(warmup)
+    ]
+    runs = [_one_run(model, input_ids, max_new_tokens) for _ in range(repeats)]
+    return warmup_prefill_ms, runs
 
 
 def _median_index(values: list[float]) -> int:
@@ -308,8 +312,9 @@ def profile_point(
       after decode; kv_seed_formula_ratio = seed / formula (= heads / kv_heads when
       heads x head_dim == hidden_size)
     - peak_memory_bytes: CPU: peak RSS (sampled by a separate process, :class:`RssSampler`)
-      during the timed repeats minus the RSS before them; CUDA: torch.cuda.max_memory_allocated
-      over the timed repeats after reset_peak_memory_stats (absolute, weights included).
+      during the point (warm-up and timed repeats) minus the RSS before it; CUDA:
+      torch.cuda.max_memory_allocated over the point after reset_peak_memory_stats (absolute,
+      weights included).
       peak_memory_source says which; peak_memory_baseline_bytes is the RSS / allocated bytes
       before; peak_memory_reserved_bytes (CUDA only, else None)
     - decode_bandwidth_gb_per_s (CUDA only, else None): bytes read per decode step (weights +
@@ -348,25 +353,22 @@ def profile_point(
     input_ids = prompt_ids.to(device).repeat(batch_size, 1).contiguous()  # [B, N]
 
     with torch.inference_mode():
-        warmup_prefill_ms = [
-            _one_run(model, input_ids, max_new_tokens)["prefill_ms"] for _ in range(warmup)
-        ]
-
-        runs: list[dict] = []
+        # The memory window spans the whole point, warm-up included: the first run is the one
+        # that allocates (activations, KV cache); later runs reuse what the allocator kept.
         rss: RssSampler | None = None
         if device.type == "cuda":
             cuda_reset_peak(device)
             baseline = cuda_allocated_bytes(device)
-            for _ in range(repeats):
-                runs.append(_one_run(model, input_ids, max_new_tokens))
+            warmup_prefill_ms, runs = _warmup_and_runs(model, input_ids, max_new_tokens, warmup, repeats)
             peak = cuda_peak_bytes(device)
             assert peak is not None
             peak_memory_bytes, reserved = peak.allocated_bytes, peak.reserved_bytes
             source = "cuda_max_memory_allocated"
         else:
             with RssSampler() as rss:
-                for _ in range(repeats):
-                    runs.append(_one_run(model, input_ids, max_new_tokens))
+                warmup_prefill_ms, runs = _warmup_and_runs(
+                    model, input_ids, max_new_tokens, warmup, repeats
+                )
             peak_memory_bytes, baseline, reserved = rss.peak_delta_bytes, rss.baseline_bytes, None
             source = "rss_sampler_delta"
 

@@ -43,7 +43,7 @@ err_console = Console(stderr=True)
 
 def fail_input(message: str) -> None:
     """Bad input: one line on stderr, exit 2."""
-    err_console.print(f"error: {message}", markup=False, highlight=False)
+    typer.echo(f"error: {message}", err=True)  # plain: a one-line error must not be wrapped
     raise typer.Exit(2)
 
 

@@ -172,7 +172,7 @@ async def _stream_level(cfg: StreamConfig, endpoint: Endpoint, concurrency, inde
             client, model=endpoint.model, prompts=cfg.prompts, max_tokens=cfg.max_tokens,
             max_concurrency=concurrency, num_requests=cfg.num_requests, warmup=cfg.warmup,
             count_tokens=count_tokens, sampling={"temperature": cfg.temperature}, level=index,
-            on_record=writer.write,
+            on_record=writer.write, api_key_env=endpoint.api_key_env,
         )
     finally:
         await client.close()
@@ -231,7 +231,7 @@ async def _sweep_point(cfg: SweepConfig, endpoint: Endpoint, point, count_tokens
         return await run_point(
             client, point, model=endpoint.model, prompt=cfg.prompt, samples=cfg.samples,
             seed=cfg.seed, max_tokens=cfg.max_tokens, max_concurrency=cfg.max_concurrency,
-            count_tokens=count_tokens, encode=encode,
+            count_tokens=count_tokens, encode=encode, api_key_env=endpoint.api_key_env,
         )
     finally:
         await client.close()

@@ -116,6 +116,7 @@ async def run_point(
     max_concurrency: int,
     count_tokens: Callable[[str], int],
     encode: Callable[[str], list[int]],
+    api_key_env: str | None = None,
 ) -> PointResult:
     """Send the point's samples (sample i with seed + i), at most max_concurrency at once."""
     gate = asyncio.Semaphore(max_concurrency)
@@ -130,6 +131,7 @@ async def run_point(
                 count_tokens=count_tokens,
                 sampling={**point.params(), "seed": seed + i},
                 request_id=f"{point.key()}-{i}",
+                api_key_env=api_key_env,
             )
 
     records = list(await asyncio.gather(*(one(i) for i in range(samples))))

@@ -1,0 +1,87 @@
+"""The console script as a user runs it: exit codes, one-line errors, --json, the server."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+BIN = Path(sys.executable).parent / "infermeter"
+
+
+def _run(args, env=None, timeout=300):
+    return subprocess.run(
+        [str(BIN), *args], capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def test_config_error_exits_2_with_one_line(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("stream:\n  max_concurrency: [0]\n", encoding="utf-8")
+    result = _run(["audit", "--config", str(bad)])
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "stream.max_concurrency" in lines[0]
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_config_file_exits_2(tmp_path):
+    result = _run(["audit", "--config", str(tmp_path / "absent.yaml")])
+    assert result.returncode == 2 and "file not found" in result.stderr
+
+
+def test_no_track_json_has_null_run_id(tmp_path):
+    cfg = tmp_path / "tok.yaml"
+    cfg.write_text(
+        "tokenize: {prompts: [smart, smarter, token, tokenization]}\nprofile: {enabled: false}\n"
+        "stream: {enabled: false}\nsweep: {enabled: false}\n",
+        encoding="utf-8",
+    )
+    out = tmp_path / "out.json"
+    result = _run(
+        ["audit", "--config", str(cfg), "--no-track", "--json", str(out)],
+        env={"PREFECT_HOME": str(tmp_path / "prefect"), "INFERMETER_WORK_DIR": str(tmp_path / "w")},
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    data = json.loads(out.read_text())
+    assert data["mlflow_run_id"] is None
+    rows = data["stages"]["tokenize"]["rows"]
+    assert [r["text"] for r in rows] == ["smart", "smarter", "token", "tokenization"]
+    # the seed's probes under SmolLM2: 'smart' and 'smarter' share no token ...
+    assert rows[0]["pieces"] == ["smart"] and rows[1]["pieces"] == ["s", "mar", "ter"]
+    assert not set(rows[0]["ids"]) & set(rows[1]["ids"])
+    # ... while 'tokenization' is 'token' + 'ization'
+    assert rows[3]["pieces"] == ["token", "ization"] and rows[3]["ids"][0] == rows[2]["ids"][0]
+    assert rows[3]["chars_per_token"] == 6.0
+    assert set(data) == {"stages", "headline", "errors", "mlflow_run_id"}
+
+
+def test_server_prints_base_url_serves_and_stops_on_sigterm():
+    proc = subprocess.Popen(
+        [str(BIN), "server"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    try:
+        base_url = None
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and base_url is None:
+            line = proc.stdout.readline()
+            if line.startswith("base_url:"):
+                base_url = line.split(":", 1)[1].strip()
+            elif not line and proc.poll() is not None:
+                break
+        assert base_url and base_url.startswith("http://127.0.0.1:")
+        with urllib.request.urlopen(f"{base_url}/models", timeout=10) as response:
+            models = json.load(response)
+        assert models["data"][0]["id"] == "SmolLM2-135M-Instruct"
+        children = psutil.Process(proc.pid).children(recursive=True)
+        assert children, "the llama.cpp server should run as a child"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=60)
+    assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)

@@ -7,60 +7,23 @@ command's result; `mlflow_run_id` is null under `--no-track`.
 from __future__ import annotations
 
 import os
+import signal
+import time
+from pathlib import Path
+from typing import Annotated, Optional
 
-# Offline by design: no telemetry pings from Prefect or MLflow (set before they are imported).
-for _name, _value in {
-    "DO_NOT_TRACK": "true",
-    "MLFLOW_DISABLE_TELEMETRY": "true",
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "TOKENIZERS_PARALLELISM": "false",
-}.items():
-    os.environ.setdefault(_name, _value)
+import typer
+from pydantic import ValidationError
+from rich.console import Console
 
-import json  # noqa: E402
-import signal  # noqa: E402
-import time  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Annotated, Optional  # noqa: E402
-
-import typer  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-
-from pydantic import ValidationError  # noqa: E402
-
-from tasks.config import (  # noqa: E402
-    AuditConfig, ConfigError, ServerConfig, describe_validation_error, load_config,
-)
+from flows.cli_common import console, fail_input, load_or_fail, print_headline, write_json
+from tasks.config import AuditConfig, ServerConfig, describe_validation_error
 
 app = typer.Typer(
     name="infermeter", no_args_is_help=True, add_completion=False,
     help="Measure LLM inference: tokenize, profile, stream, sweep; tracked in MLflow.",
 )
-console = Console()
 err_console = Console(stderr=True)
-
-
-def fail_input(message: str) -> None:
-    """Bad input: one line on stderr, exit 2."""
-    typer.echo(f"error: {message}", err=True)  # plain: a one-line error must not be wrapped
-    raise typer.Exit(2)
-
-
-def _write_json(path: Path | None, data: dict) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-
-
-def _print_headline(title: str, headline: dict) -> None:
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in headline.items():
-        shown = "n/a" if value is None else (f"{value:,.3f}" if isinstance(value, float) else f"{value:,}")
-        table.add_row(key, shown)
-    console.print(table)
 
 
 @app.command()
@@ -70,10 +33,7 @@ def audit(
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")] = False,
 ) -> None:
     """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
-    try:
-        cfg = load_config(config, AuditConfig)
-    except ConfigError as exc:
-        fail_input(str(exc))
+    cfg = load_or_fail(config, AuditConfig)
     from flows.audit import audit as audit_flow
 
     state = audit_flow(cfg, track=not no_track, return_state=True)
@@ -81,8 +41,8 @@ def audit(
     if not isinstance(result, dict):  # the flow itself crashed before producing a result
         err_console.print(f"audit failed: {result}", markup=False)
         raise typer.Exit(1)
-    _write_json(json_path, {k: result[k] for k in ("stages", "headline", "errors", "mlflow_run_id")})
-    _print_headline("infermeter audit: headline", result["headline"])
+    write_json(json_path, {k: result[k] for k in ("stages", "headline", "errors", "mlflow_run_id")})
+    print_headline("infermeter audit: headline", result["headline"])
     if result["mlflow_run_id"]:
         console.print(f"MLflow run: {result['mlflow_run_id']}")
         console.print(f"Open the UI: {result['ui_command']}")
@@ -137,6 +97,9 @@ def server(
 
 def _raise_interrupt(signum, frame):
     raise KeyboardInterrupt
+
+
+# Commands of the single-stage flows register here, one line each.
 
 
 def main() -> None:

@@ -5,10 +5,7 @@ import os
 
 import pytest
 
-os.environ.setdefault("DO_NOT_TRACK", "true")
-os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
-os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
-os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+import flows  # noqa: F401  (sets the offline defaults)
 
 
 @pytest.fixture(scope="session")

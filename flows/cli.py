@@ -16,8 +16,16 @@ import typer
 from pydantic import ValidationError
 from rich.console import Console
 
-from flows.cli_common import console, fail_input, load_or_fail, print_headline, write_json
+from flows.cli_common import (
+    apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, preflight,
+    print_headline, write_json,
+)
 from tasks.config import AuditConfig, ServerConfig, describe_validation_error
+from flows import compare, deploy
+from flows import stream as stream_flow
+from flows import profile as profile_flow
+from flows import sweep as sweep_flow
+from flows import tokenize as tokenize_flow
 
 app = typer.Typer(
     name="infermeter", no_args_is_help=True, add_completion=False,
@@ -31,9 +39,28 @@ def audit(
     config: Annotated[Optional[Path], typer.Option(help="YAML config (default: built-in defaults).")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result here.")] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")] = False,
+    baseline: Annotated[
+        Optional[str], typer.Option(help="MLflow run id to compare with (default: median of the last audits).")
+    ] = None,
+    fail_on_regression: Annotated[
+        Optional[bool], typer.Option("--fail-on-regression/--no-fail-on-regression", help="Exit 1 on a regression.")
+    ] = None,
 ) -> None:
     """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
     cfg = load_or_fail(config, AuditConfig)
+    cfg = apply_overrides(cfg, "regression", {
+        "baseline_run_id": baseline, "fail_on_regression": fail_on_regression,
+    })
+    preflight(track=not no_track)
+    if cfg.stream.enabled or cfg.sweep.enabled:
+        check_embedded_engine(cfg)
+    if cfg.regression.baseline_run_id and not no_track:
+        from tasks.tracking import Tracker
+
+        try:
+            Tracker(cfg.tracking.experiment).run_metrics(cfg.regression.baseline_run_id)
+        except LookupError as exc:
+            fail_input(f"--baseline: {exc}")
     from flows.audit import audit as audit_flow
 
     state = audit_flow(cfg, track=not no_track, return_state=True)
@@ -41,36 +68,48 @@ def audit(
     if not isinstance(result, dict):  # the flow itself crashed before producing a result
         err_console.print(f"audit failed: {result}", markup=False)
         raise typer.Exit(1)
-    write_json(json_path, {k: result[k] for k in ("stages", "headline", "errors", "mlflow_run_id")})
+    write_json(json_path, {k: result[k] for k in ("stages", "headline", "errors", "regression", "mlflow_run_id")})
     print_headline("infermeter audit: headline", result["headline"])
+    console.print(f"Records on disk: {result['workdir']}", highlight=False)
     if result["mlflow_run_id"]:
         console.print(f"MLflow run: {result['mlflow_run_id']}")
         console.print(f"Open the UI: {result['ui_command']}")
+    verdict = result.get("regression")
+    if verdict:
+        console.print(f"Regression verdict ({verdict['baseline']}): "
+                      f"{'REGRESSION' if verdict['regressed'] else 'no regression'}", highlight=False)
     if result["errors"]:
         for stage, message in result["errors"].items():
             err_console.print(f"stage {stage} failed: {message}", markup=False)
+        raise typer.Exit(1)
+    if state.is_failed():  # fail_on_regression
         raise typer.Exit(1)
 
 
 @app.command()
 def server(
     model: Annotated[str, typer.Option(help="GGUF model spec.")] = "gguf:default",
+    engine: Annotated[str, typer.Option(help="llamacpp (default) or vllm (needs `make vllm`).")] = "llamacpp",
     n_ctx: Annotated[int, typer.Option(help="Context window in tokens.")] = 2048,
     api_key_env: Annotated[
         Optional[str], typer.Option(help="Require the key held in this environment variable.")
     ] = None,
 ) -> None:
-    """Run the embedded llama.cpp server in the foreground (127.0.0.1); prints its base_url.
+    """Run the embedded server (llama.cpp, or vLLM with --engine vllm) in the foreground
+    (127.0.0.1); prints its base_url.
 
     Ctrl-C (or SIGTERM) stops it. Without --api-key-env it takes no key.
     """
     from tasks.models import ModelSourceError
-    from tasks.server import ServerStartError, embedded_server
+    from tasks.server import EngineNotInstalledError, ServerStartError, check_engine, embedded_server
 
     try:
-        cfg = ServerConfig(model=model, n_ctx=n_ctx)
+        cfg = ServerConfig(model=model, n_ctx=n_ctx, engine=engine)
+        check_engine(cfg.engine)
     except ValidationError as exc:
         fail_input(describe_validation_error(exc, "server"))
+    except EngineNotInstalledError as exc:
+        fail_input(str(exc))
     key = None
     if api_key_env:
         key = os.environ.get(api_key_env)
@@ -79,7 +118,8 @@ def server(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with embedded_server(
-            cfg.model, n_ctx=cfg.n_ctx, startup_timeout_s=cfg.startup_timeout_s, api_key=key
+            cfg.model, engine=cfg.engine, n_ctx=cfg.n_ctx, startup_timeout_s=cfg.startup_timeout_s,
+            api_key=key,
         ) as running:
             console.print(f"base_url: {running.base_url}", highlight=False)
             console.print(f"model: {running.model}", highlight=False)
@@ -100,6 +140,12 @@ def _raise_interrupt(signum, frame):
 
 
 # Commands of the single-stage flows register here, one line each.
+app.command("compare")(compare.command)
+app.command("serve")(deploy.command)
+app.command("stream")(stream_flow.command)
+app.command("profile")(profile_flow.command)
+app.command("tokenize")(tokenize_flow.command)
+app.command("sweep")(sweep_flow.command)
 
 
 def main() -> None:

@@ -94,6 +94,20 @@ def apply_overrides(config: BaseModel, section: str | None, overrides: dict[str,
         fail_input(describe_validation_error(exc, "option"))
 
 
+def check_embedded_engine(config: BaseModel) -> None:
+    """When the config starts the embedded server (no endpoint.base_url), fail with one line
+    (exit 2) if its engine cannot run here, e.g. vllm without ``.venv-vllm`` (names
+    ``make vllm``), before any flow starts."""
+    from tasks.server import ServerStartError, check_engine
+
+    if getattr(config, "endpoint").base_url:
+        return
+    try:
+        check_engine(getattr(config, "server").engine)
+    except ServerStartError as exc:
+        fail_input(str(exc))
+
+
 def write_json(path: Path | None, data: dict) -> None:
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,3 +129,27 @@ def print_headline(title: str, headline: dict) -> None:
             shown = str(value)
         table.add_row(key, shown)
     console.print(table)
+
+
+def preflight(track: bool) -> None:
+    """Fail fast, with one line naming the URL, when a configured server does not answer:
+    the MLflow tracking server (when tracking) and the Prefect API (when PREFECT_API_URL is
+    set). Without this a dead server costs minutes of client retries and a stack trace."""
+    import os
+    import urllib.error
+    import urllib.request
+
+    checks = []
+    tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if track and tracking_uri.startswith("http"):
+        checks.append(("MLflow tracking server", tracking_uri.rstrip("/") + "/health", "MLFLOW_TRACKING_URI"))
+    prefect_api = os.environ.get("PREFECT_API_URL")
+    if prefect_api:
+        checks.append(("Prefect API", prefect_api.rstrip("/") + "/health", "PREFECT_API_URL"))
+    for what, url, variable in checks:
+        try:
+            with urllib.request.urlopen(url, timeout=5):
+                pass
+        except (urllib.error.URLError, OSError) as exc:
+            reason = getattr(exc, "reason", exc)
+            fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")

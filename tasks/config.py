@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+
+from tasks.regression import DEFAULT_THRESHOLDS_PCT, is_known_metric
 
 #: The seed article's probes: 'smart' vs 'smarter' share no token, 'token' vs 'tokenization'
 #: splits into pieces, and Chinese costs more tokens per character than English.
@@ -48,6 +50,22 @@ class TokenizeConfig(_Strict):
         description="Texts to tokenize (the seed's probes by default).",
         min_length=1,
     )
+    tokenizers: list[str] = Field(
+        default_factory=lambda: ["model"], min_length=1,
+        description="Tokenizers to compare: model (the model's own), cl100k_base (OpenAI, "
+        "tiktoken), qwen (Qwen's BPE), hf:PATH_OR_ID, gguf:PATH. See tasks/tokenizers.py.",
+    )
+
+    @field_validator("tokenizers")
+    @classmethod
+    def _tokenizer_names(cls, names: list[str]) -> list[str]:
+        from tasks.tokenizers import check_name
+
+        for name in names:
+            check_name(name)  # TokenizerError is a ValueError: one line naming the name
+        if len(set(names)) != len(names):
+            raise ValueError(f"tokenizers {names}: a name is given twice")
+        return names
 
 
 class ProfileConfig(_Strict):
@@ -65,8 +83,20 @@ class ProfileConfig(_Strict):
     batch_sizes: list[int] = Field(
         default_factory=lambda: [1], description="Batch sizes.", min_length=1
     )
-    dtype: Literal["float32", "bfloat16", "float16"] = Field(
-        "float32", description="Weights and activations dtype."
+    dtypes: list[Literal["float32", "bfloat16", "float16"]] | None = Field(
+        None,
+        description="Weights and activations dtypes; null = the model's default (float32; "
+        "bfloat16 for 7B-shaped arch: presets).",
+        min_length=1,
+    )
+    prefill_chunk_sizes: list[int] = Field(
+        default_factory=lambda: [0],
+        description="Chunked prefill: feed the prompt through the KV cache this many tokens "
+        "at a time; 0 = the whole prompt in one forward.",
+        min_length=1,
+    )
+    num_layers: int | None = Field(
+        None, ge=1, description="arch: sources only: keep the first N layers (a slice of the shape)."
     )
     max_new_tokens: int = Field(32, ge=1, description="Decode steps per point (EOS ignored).")
     repeats: int = Field(3, ge=1, description="Timed repeats per point; the median is reported.")
@@ -78,6 +108,13 @@ class ProfileConfig(_Strict):
     def _positive(cls, values: list[int]) -> list[int]:
         if any(v < 1 for v in values):
             raise ValueError("every value must be >= 1")
+        return values
+
+    @field_validator("prefill_chunk_sizes")
+    @classmethod
+    def _non_negative(cls, values: list[int]) -> list[int]:
+        if any(v < 0 for v in values):
+            raise ValueError("every value must be >= 0 (0 = no chunking)")
         return values
 
 
@@ -111,11 +148,16 @@ class EndpointConfig(_Strict):
 
 
 class ServerConfig(_Strict):
-    """The embedded llama.cpp server (used when endpoint.base_url is empty)."""
+    """The embedded server (used when endpoint.base_url is empty): llama.cpp or vLLM."""
 
-    model: str = Field("gguf:default", description="GGUF model: gguf:default or gguf:PATH.")
-    n_ctx: int = Field(2048, ge=128, description="Context window in tokens.")
-    n_threads: int | None = Field(None, ge=1, description="CPU threads (None = llama.cpp default).")
+    engine: Literal["llamacpp", "vllm"] = Field(
+        "llamacpp", description="llamacpp (default: one request at a time, quantised GGUF) or "
+        "vllm (continuous batching, /metrics; its own .venv-vllm: `make vllm`).",
+    )
+    model: str = Field("gguf:default", description="GGUF model: gguf:default or gguf:PATH "
+                       "(vllm serves its Hugging Face conversion).")
+    n_ctx: int = Field(2048, ge=128, description="Context window in tokens (vllm: --max-model-len).")
+    n_threads: int | None = Field(None, ge=1, description="CPU threads (None = the engine's default).")
     startup_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for health.")
 
 
@@ -138,6 +180,30 @@ class StreamConfig(_Strict):
         default_factory=dict,
         description="SLOs for goodput, e.g. {ttft_ms: 500, tpot_ms: 50} (metric <= value).",
     )
+    request_rate: list[float | None] = Field(
+        default_factory=lambda: [None], min_length=1,
+        description="Request rates in requests/s; null = inf (all at once). Levels are the "
+        "cross product max_concurrency x request_rate.",
+    )
+    burstiness: float = Field(
+        1.0, gt=0, description="Gamma shape of the inter-arrival times: 1 = Poisson, <1 burstier."
+    )
+    seed: int = Field(0, description="Seed of the arrival times and of synthetic prompts.")
+    input_len: int | None = Field(
+        None, ge=1, description="Synthetic prompts of this many random tokens (replaces prompts)."
+    )
+    output_len: int | None = Field(
+        None, ge=1, description="Ask for exactly this many output tokens (max_tokens + ignore_eos)."
+    )
+    ignore_eos: bool = Field(False, description="Send ignore_eos: true (vLLM, llama.cpp take it).")
+    client_bound_tolerance_ms: float = Field(
+        1.0, gt=0, description="A level is client-bound when the client's event-loop lag p99 "
+        "exceeds this (ms).",
+    )
+    client_processes: int = Field(
+        1, ge=1, description="Client processes per level (at most its concurrency), for loads "
+        "one core cannot drive; records merged, clocks comparable.",
+    )
 
     @field_validator("max_concurrency")
     @classmethod
@@ -145,6 +211,19 @@ class StreamConfig(_Strict):
         if any(v < 1 for v in values):
             raise ValueError("every concurrency must be >= 1")
         return values
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates(cls, values: list[float | None]) -> list[float | None]:
+        out: list[float | None] = []
+        for v in values:
+            if v is None or (math.isinf(v) and v > 0):
+                out.append(None)
+            elif not (v > 0 and math.isfinite(v)):
+                raise ValueError("every request rate must be > 0 (requests/s) or null for inf")
+            else:
+                out.append(v)
+        return out
 
     @field_validator("goodput")
     @classmethod
@@ -158,8 +237,47 @@ class StreamConfig(_Strict):
         return slos
 
 
+def _check_temperature(value: float) -> float:
+    if not (0 <= value <= 2):
+        raise ValueError(f"temperature {value} is outside [0, 2]; use 0 (greedy) up to 2")
+    return value
+
+
+def _check_top_p(value: float | None) -> float | None:
+    if value is not None and not (0 < value <= 1):
+        raise ValueError(f"top_p {value} is outside (0, 1]; use e.g. 0.9 or 1.0 (off)")
+    return value
+
+
+def _check_top_k(value: int | None) -> int | None:
+    if value is not None and value < 0:
+        raise ValueError(f"top_k {value} is negative; use 0 (off), 1 (greedy) or more")
+    return value
+
+
+class SweepPointConfig(_Strict):
+    """One explicit sweep point. Unset fields: top_p / top_k not sent (the target's default),
+    seed = the sweep's base seed, max_tokens = the sweep's."""
+
+    temperature: float = Field(..., description="Sampling temperature, [0, 2].")
+    top_p: float | None = Field(None, description="Nucleus mass, (0, 1]; None = not sent.")
+    top_k: int | None = Field(None, description="Top-k, >= 0 (0 = off); None = not sent.")
+    seed: int | None = Field(None, description="Base seed of this point (sample i: seed + i).")
+    max_tokens: int | None = Field(None, ge=1, description="max_completion_tokens per sample.")
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict, description="Extra request-body fields (e.g. min_p, repeat_penalty)."
+    )
+
+    @field_validator("temperature", "top_p", "top_k")
+    @classmethod
+    def _sampling_value(cls, value, info: ValidationInfo):
+        check = {"temperature": _check_temperature, "top_p": _check_top_p, "top_k": _check_top_k}
+        return check[info.field_name](value)
+
+
 class SweepConfig(_Strict):
-    """The sampling sweep: a grid over temperature x top_p, N samples per point."""
+    """The sampling sweep: a grid over temperature x top_p (x top_k), or an explicit list of
+    points; N samples per point (sample i uses seed + i)."""
 
     enabled: bool = Field(True, description="Run this stage.")
     prompt: str = Field(
@@ -167,24 +285,52 @@ class SweepConfig(_Strict):
     )
     temperature: list[float] = Field(default_factory=lambda: [0.0, 0.7, 1.2], min_length=1)
     top_p: list[float] = Field(default_factory=lambda: [0.9, 1.0], min_length=1)
-    samples: int = Field(3, ge=1, description="Samples per point; sample i uses seed + i.")
+    top_k: list[int] = Field(
+        default_factory=list, description="Top-k values (0 = off); empty = not sent (the target's default)."
+    )
+    points: list[SweepPointConfig] = Field(
+        default_factory=list, description="Explicit points; when given they replace the grid."
+    )
+    extra_body: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra request-body fields sent with every grid point (e.g. min_p).",
+    )
+    samples: int = Field(3, description="Samples per point (>= 1); sample i uses seed + i.")
     seed: int = Field(0, description="Base seed.")
     max_tokens: int = Field(32, ge=1, description="max_completion_tokens per sample.")
-    max_concurrency: int = Field(1, ge=1, description="Samples in flight at once.")
+    max_concurrency: int = Field(
+        1, ge=1, description="Requests in flight at once across the whole sweep; points run "
+        "concurrently within it (the embedded llama.cpp server answers one at a time).",
+    )
+    target: Literal["endpoint", "local"] = Field(
+        "endpoint", description="endpoint = the configured / embedded server; local = "
+        "transformers generate on local_model with the same parameters.",
+    )
+    local_model: str = Field("gguf:default", description="Model spec for target local.")
 
-    @field_validator("temperature")
+    @field_validator("temperature", "top_p", "top_k")
     @classmethod
-    def _temperature(cls, values: list[float]) -> list[float]:
-        if any(not (0 <= v <= 2) for v in values):
-            raise ValueError("temperature values must lie in [0, 2]")
-        return values
+    def _sampling_values(cls, values: list, info: ValidationInfo) -> list:
+        check = {"temperature": _check_temperature, "top_p": _check_top_p, "top_k": _check_top_k}
+        return [check[info.field_name](v) for v in values]
 
-    @field_validator("top_p")
+    @field_validator("samples")
     @classmethod
-    def _top_p(cls, values: list[float]) -> list[float]:
-        if any(not (0 < v <= 1) for v in values):
-            raise ValueError("top_p values must lie in (0, 1]")
-        return values
+    def _samples(cls, value: int) -> int:
+        if value < 1:
+            raise ValueError(f"samples {value} is below 1; give at least 1 sample per point")
+        return value
+
+
+class SweepFlowConfig(_Strict):
+    """The sampling sweep alone (`infermeter sweep`): the sweep plus where it runs."""
+
+    name: str = Field("sweep", min_length=1, description="Run name shown in MLflow and Prefect.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+    resume: bool = Field(True, description="Skip points already FINISHED in MLflow (same params + endpoint).")
 
 
 class TrackingConfig(_Strict):
@@ -192,6 +338,34 @@ class TrackingConfig(_Strict):
 
     enabled: bool = Field(True, description="Record the run in MLflow.")
     experiment: str = Field("infermeter", min_length=1, description="MLflow experiment name.")
+
+
+class RegressionConfig(_Strict):
+    """How an audit is judged against its baseline (see tasks/regression.py for the rule)."""
+
+    enabled: bool = Field(True, description="Compare with a baseline when one exists.")
+    baseline_run_id: str | None = Field(
+        None, description="A named MLflow run as baseline; empty = median of the last N audits "
+        "of the same endpoint and model.",
+    )
+    baseline_last_n: int = Field(5, ge=1, description="N for the median baseline.")
+    thresholds_pct: dict[str, float] = Field(
+        default_factory=lambda: dict(DEFAULT_THRESHOLDS_PCT),
+        description="Allowed change per metric in percent: +15 = latency may grow 15 %, "
+        "-10 = throughput may drop 10 %.",
+    )
+    fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
+
+    @field_validator("thresholds_pct")
+    @classmethod
+    def _known_metrics(cls, thresholds: dict[str, float]) -> dict[str, float]:
+        for metric, value in thresholds.items():
+            if not is_known_metric(metric):
+                raise ValueError(f"unknown metric {metric!r}; use a headline metric such as "
+                                 "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s")
+            if value == 0 or not math.isfinite(value):
+                raise ValueError(f"threshold for {metric} must be a non-zero percentage")
+        return thresholds
 
 
 class AuditConfig(_Strict):
@@ -205,6 +379,25 @@ class AuditConfig(_Strict):
     endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
     server: ServerConfig = Field(default_factory=ServerConfig)
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    regression: RegressionConfig = Field(default_factory=RegressionConfig)
+    schedule_cron: str | None = Field(
+        None, description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
+        "nightly); empty = no schedule.",
+    )
+
+    @field_validator("schedule_cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value:
+            from datetime import datetime
+
+            from cronsim import CronSim, CronSimError
+
+            try:
+                CronSim(value, datetime(2026, 1, 1))
+            except CronSimError as exc:
+                raise ValueError(f"not a cron string ({exc}); e.g. '0 3 * * *' for 03:00 daily")
+        return value
 
 
 class ConfigError(ValueError):

@@ -1,9 +1,9 @@
 """Which OpenAI-compatible endpoint the remote stages talk to, and its API key.
 
 An endpoint is handed around as plain values: base_url, the model name, and the *name* of the
-environment variable that holds its key, never the key. The embedded llama.cpp server's random
-key is put in this process's environment under ``EMBEDDED_KEY_ENV`` for the server's lifetime
-and removed afterwards.
+environment variable that holds its key, never the key. The embedded server's (llama.cpp or
+vLLM, ``server.engine``) random key is put in this process's environment under
+``EMBEDDED_KEY_ENV`` for the server's lifetime and removed afterwards.
 
 For baselines and resume an endpoint is identified by server kind + model (+ the model file's
 hash for the embedded one), never by its URL or port (``identity``).
@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tasks.config import EndpointConfig, ServerConfig
-from tasks.server import SERVER_KIND, embedded_server
+from tasks.server import embedded_server
 
 EMBEDDED_KEY_ENV = "INFERMETER_EMBEDDED_API_KEY"
 NO_KEY = "EMPTY"  # the openai client insists on a key string; servers without auth ignore it
@@ -32,7 +32,7 @@ class Endpoint:
     base_url: str
     model: str
     api_key_env: str | None
-    server_kind: str  # "llama.cpp" for the embedded server, "openai-compatible" otherwise
+    server_kind: str  # embedded: "llama.cpp" or "vllm"; "openai-compatible" otherwise
     tokenizer: str  # model spec whose tokenizer counts output tokens when usage is missing
     model_sha256: str | None = None
     request_timeout_s: float = 120.0
@@ -83,6 +83,7 @@ def open_endpoint(endpoint: EndpointConfig, server: ServerConfig) -> Iterator[En
         return
     with embedded_server(
         server.model,
+        engine=server.engine,
         n_ctx=server.n_ctx,
         n_threads=server.n_threads,
         startup_timeout_s=server.startup_timeout_s,
@@ -93,7 +94,7 @@ def open_endpoint(endpoint: EndpointConfig, server: ServerConfig) -> Iterator[En
                 base_url=running.base_url,
                 model=running.model,
                 api_key_env=EMBEDDED_KEY_ENV,
-                server_kind=SERVER_KIND,
+                server_kind=running.kind,
                 tokenizer=endpoint.tokenizer or server.model,
                 model_sha256=running.model_sha256,
                 request_timeout_s=endpoint.request_timeout_s,

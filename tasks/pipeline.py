@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import threading
 import traceback
 from pathlib import Path
 from typing import Any
 
-from prefect import task
+from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import memory, profile, stats
 from tasks.config import ProfileConfig, StreamConfig, SweepConfig, TokenizeConfig
 from tasks.endpoint import Endpoint
-from tasks.models import load_model, load_tokenizer
-from tasks.stream.load import make_client, run_level
+from tasks.models import load_tokenizer
+from tasks import plots as plots_module
+from tasks.stream import prometheus
+from tasks.stream.load import level_grid, make_client, run_level
+from tasks.stream.multiproc import run_level_processes
+from tasks.stream.prompts import synthetic_prompts
 from tasks.stream.records import RecordWriter, write_parquet
-from tasks.sweep import grid, run_point
+from tasks import tokenizers
+from tasks.sweep import PointResult, SweepPoint, grid, run_point_local, run_points
 from tasks.tokenize import summary_metrics, tokenize_prompts
 from tasks.tracking import TrackingTarget, flatten_params
 
@@ -71,60 +78,132 @@ def tokenize_stage(
     cfg: TokenizeConfig, model_spec: str, target: TrackingTarget, parent_run_id: str | None,
     workdir: str,
 ) -> dict:
-    """Token ids, pieces, counts and chars/bytes per token for every prompt."""
+    """Token ids, pieces, counts and chars/bytes per token for every prompt x tokenizer
+    (``model`` = the tokenizer of ``model_spec``); a table artifact, a bar chart PNG and
+    ``token_count_<tokenizer>_total`` metrics.
+
+    Raises:
+        tasks.tokenizers.TokenizerError: a tokenizer cannot be loaded (data file missing,
+            SHA-256 mismatch, unknown name).
+    """
     with StageRun(target, "tokenize", parent_run_id) as run:
-        tokenizer = load_tokenizer(model_spec)
-        tokenized = tokenize_prompts(tokenizer, cfg.prompts)
+        loaded = [tokenizers.load(name, model_spec) for name in cfg.tokenizers]
+        tokenized = tokenize_prompts(loaded, cfg.prompts)
         rows = [row.to_row() for row in tokenized]
         metrics = summary_metrics(tokenized)
         path = Path(workdir) / "tokenize.json"
         path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
-        run.tracker.log_params(run.run_id, {"tokenizer": model_spec, "prompts.count": str(len(rows))})
+        chart = plots_module.token_count_bars(rows, Path(workdir) / "token_counts.png")
+        run.tracker.log_params(run.run_id, {
+            "tokenizer": model_spec, "tokenizers": ",".join(cfg.tokenizers),
+            "prompts.count": str(len(cfg.prompts)),
+        })
+        run.tracker.set_tags(run.run_id, {
+            f"tokenizer_source.{tokenizers.metric_name(t.name)}": t.source for t in loaded
+        })
         run.tracker.log_metrics(run.run_id, metrics)
-        run.tracker.log_artifact(run.run_id, path)
+        run.tracker.log_table(run.run_id, [
+            {**row, "ids": json.dumps(row["ids"]), "pieces": json.dumps(row["pieces"], ensure_ascii=False)}
+            for row in rows
+        ], "tokens_table.json")
+        for artifact in (path, chart):
+            run.tracker.log_artifact(run.run_id, artifact)
         return {"rows": rows, "metrics": metrics, "mlflow_run_id": run.run_id}
+
+
+class ProfileSweepFailed(RuntimeError):
+    """Every point of a profile sweep failed; ``points`` keeps each point's recorded cause."""
+
+    def __init__(self, message: str, points: list[dict]):
+        super().__init__(message)
+        self.points = points
+
+
+def _profile_progress(total: int):
+    """A rich progress bar on stderr, redrawn only between points (no refresh thread runs
+    beside the timed region)."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    bar = Progress(
+        TextColumn("profile"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
+        TimeElapsedColumn(), console=Console(stderr=True), auto_refresh=False,
+    )
+    return bar, bar.add_task("loading the model", total=total)
 
 
 @task(name="profile", **STAGE)
 def profile_stage(
-    cfg: ProfileConfig, target: TrackingTarget, parent_run_id: str | None, workdir: str
+    cfg: ProfileConfig, target: TrackingTarget, parent_run_id: str | None, workdir: str,
+    show_progress: bool = False,
 ) -> dict:
-    """Prefill and per-token decode over the prompt-length x batch-size grid."""
-    with StageRun(target, "profile", parent_run_id) as run:
+    """Prefill and per-token decode over prompt length x batch size x dtype x prefill chunk size.
+
+    One child run per point (FAILED with an ``error`` tag for a point that failed), the points
+    as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run.
+    Returns {"points", "headline" (the first successful point's), "failed_points",
+    "mlflow_run_id"}.
+
+    Raises:
+        ProfileSweepFailed: no point succeeded (its ``points`` say why each failed).
+    """
+    from tasks.profile_plots import write_profile_plots
+    from tasks.profile_sweep import point_label, run_sweep, sweep_points
+    from tasks.models import default_dtype, resolve
+
+    source = resolve(cfg.model)
+    with StageRun(target, "profile", parent_run_id, {"random_weights": source.random_weights}) as run:
         device = profile.resolve_device(cfg.device)
-        model, tokenizer = load_model(cfg.model, cfg.dtype, device)
+        dtypes = cfg.dtypes or [default_dtype(cfg.model)]
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
-        run.tracker.set_tags(run.run_id, {
-            "device": device, "dtype": cfg.dtype,
-            "attn_implementation": str(getattr(model.config, "_attn_implementation", "unknown")),
-        })
-        points = []
-        for length in cfg.prompt_lengths:
-            for batch in cfg.batch_sizes:
-                prompt_ids = profile.make_prompt_ids(tokenizer, length)
-                point = profile.profile_point(
-                    model, prompt_ids=prompt_ids, batch_size=batch,
-                    max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
-                    warmup=cfg.warmup, device=device,
-                )
-                point["generated_text"] = tokenizer.decode(point.get("generated_token_ids", []))
-                points.append(point)
-                child = run.tracker.start_run(
-                    f"profile N={length} B={batch}", run.run_id, {"stage": "profile_point"}
-                )
-                run.tracker.log_params(child, {
-                    "prompt_tokens": str(length), "batch_size": str(batch),
-                    "max_new_tokens": str(cfg.max_new_tokens), "dtype": cfg.dtype, "device": device,
-                })
-                run.tracker.log_metrics(child, _scalars(point))
-                run.tracker.log_metric_series(child, "decode_step_ms", point["decode_ms"])
-                run.tracker.end_run(child)
+        run.tracker.set_tags(run.run_id, {"device": device, "dtypes": ",".join(dtypes), "model": cfg.model})
+        points = sweep_points(cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes)
+        bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
+
+        def on_point(index: int, total: int, row: dict) -> None:
+            label = point_label(row)
+            child = run.tracker.start_run(f"profile {label}", run.run_id, {
+                "stage": "profile_point", "random_weights": row["random_weights"],
+                **({"error": row["error"]} if row["failed"] else {}),
+            })
+            run.tracker.log_params(child, {k: str(row[k]) for k in (
+                "model", "prompt_tokens", "batch_size", "dtype", "prefill_chunk_size",
+                "max_new_tokens", "device", "random_weights",
+            )})
+            run.tracker.log_metrics(child, _scalars(row))
+            if not row["failed"]:
+                run.tracker.log_metric_series(child, "decode_step_ms", row["decode_ms"])
+            run.tracker.end_run(child, "FAILED" if row["failed"] else "FINISHED")
+            if bar is not None:
+                bar.update(bar_task, advance=1, description=label + (" FAILED" if row["failed"] else ""))
+                bar.refresh()
+
+        if bar is not None:
+            bar.start()
+            bar.refresh()
+        try:
+            rows = run_sweep(
+                cfg.model, points, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
+                warmup=cfg.warmup, device=device, num_layers=cfg.num_layers, on_point=on_point,
+            )
+        finally:
+            if bar is not None:
+                bar.stop()
         path = Path(workdir) / "profile_points.json"
-        path.write_text(json.dumps(points, indent=1, default=str), encoding="utf-8")
+        path.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
         run.tracker.log_artifact(run.run_id, path)
-        headline = {k: points[0].get(k) for k in PROFILE_HEADLINE}
+        for png in write_profile_plots(rows, Path(workdir) / "profile_plots"):
+            run.tracker.log_artifact(run.run_id, png, "plots")
+        ok = [r for r in rows if not r["failed"]]
+        failed = len(rows) - len(ok)
+        if ok:
+            run.tracker.set_tags(run.run_id, {"attn_implementation": str(ok[0]["attn_implementation"])})
+        run.tracker.log_metrics(run.run_id, {"profile_points": len(rows), "profile_failed_points": failed})
+        if not ok:
+            raise ProfileSweepFailed(f"every profile point failed; first: {rows[0]['error']}", rows)
+        headline = {k: ok[0].get(k) for k in PROFILE_HEADLINE}
         run.tracker.log_metrics(run.run_id, headline)
-        return {"points": points, "headline": headline, "mlflow_run_id": run.run_id}
+        return {"points": rows, "headline": headline, "failed_points": failed, "mlflow_run_id": run.run_id}
 
 
 @task(name="stream", **STAGE)
@@ -132,106 +211,262 @@ def stream_stage(
     cfg: StreamConfig, endpoint: Endpoint, target: TrackingTarget, parent_run_id: str | None,
     workdir: str,
 ) -> dict:
-    """Stream the prompts at each concurrency level; every finished request is kept at once."""
+    """Stream the prompts at each load level (concurrency x rate); every finished request is
+    kept at once (``requests.jsonl``), Parquet and plots at the end. The audit's remote stage
+    and ``infermeter stream`` both run this. When the server exposes Prometheus ``/metrics``
+    it is scraped before and after each level's measured requests (``server_*`` metrics,
+    ``tasks.stream.prometheus``).
+
+    Returns ``{"levels": [{"max_concurrency", "request_rate", "metrics", "requests"}],
+    "headline", "mlflow_run_id"}``.
+
+    Raises:
+        EndpointError: the endpoint's api_key_env names an unset variable (before any request).
+    """
+    endpoint.api_key()  # a named key missing from the environment fails before any request
     with StageRun(target, "stream", parent_run_id, endpoint.identity()) as run:
-        count_tokens = _token_counter(load_tokenizer(endpoint.tokenizer))
-        journal = Path(workdir) / "requests.jsonl"
-        levels, all_records = [], []
+        logger = _logger()
+        tokenizer = load_tokenizer(endpoint.tokenizer)
+        count_tokens = _token_counter(tokenizer)
+        prompts, prompt_tokens = stream_prompts(cfg, tokenizer)
+        max_tokens = cfg.output_len or cfg.max_tokens
+        key = endpoint.api_key()
+        workdir_path = Path(workdir)
+        journal = workdir_path / "requests.jsonl"
+        levels, all_records, plots = [], [], []
+        run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump(mode="json")))
         with RecordWriter(journal) as writer:
-            for index, concurrency in enumerate(cfg.max_concurrency):
-                result = asyncio.run(_stream_level(cfg, endpoint, concurrency, index, count_tokens, writer))
-                metrics = stats.aggregate_level(result.records, result.wall_s, cfg.goodput)
-                all_records.extend(result.records)
-                levels.append({
-                    "max_concurrency": concurrency, "request_rate": None, "metrics": metrics,
-                    "requests": [r.to_json() for r in result.records],
-                })
-                child = run.tracker.start_run(
-                    f"stream c={concurrency}", run.run_id, {"stage": "stream_level"}
+            for index, (concurrency, rate) in enumerate(level_grid(cfg.max_concurrency, cfg.request_rate)):
+                scrapes: dict[str, dict | None] = {}
+                level_args = dict(
+                    model=endpoint.model, prompts=prompts, max_tokens=max_tokens,
+                    max_concurrency=concurrency, num_requests=cfg.num_requests,
+                    warmup=cfg.warmup, count_tokens=count_tokens,
+                    sampling={"temperature": cfg.temperature}, level=index,
+                    on_record=writer.write, api_key_env=endpoint.api_key_env,
+                    prompt_tokens=prompt_tokens,
+                    extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len) else None,
+                    request_rate=rate, burstiness=cfg.burstiness, seed=cfg.seed + index,
+                    lag_tolerance_ms=cfg.client_bound_tolerance_ms,
+                    on_measure_start=lambda: scrapes.update(
+                        before=prometheus.scrape(endpoint.base_url, key)),
                 )
-                run.tracker.log_params(child, {"max_concurrency": str(concurrency), "request_rate": "inf"})
+                processes = min(cfg.client_processes, concurrency)
+                if processes > 1:
+                    result = run_level_processes(
+                        processes, base_url=endpoint.base_url, api_key=key,
+                        request_timeout_s=endpoint.request_timeout_s, **level_args)
+                else:
+                    result = asyncio.run(_stream_level(endpoint, key, level_args))
+                scrapes["after"] = prometheus.scrape(endpoint.base_url, key) if scrapes.get("before") else None
+                metrics = stats.aggregate_level(result.records, result.wall_s, cfg.goodput)
+                metrics.update(result.client)
+                metrics.update(prometheus.level_view(scrapes.get("before"), scrapes["after"]))
+                metrics.update(prometheus.cross_check(metrics))
+                if metrics.get("server_client_disagree"):
+                    logger.warning(
+                        "level %d: the client's TTFT/E2E means differ from the server's own "
+                        "(/metrics) by more than network and queue explain: TTFT client - server "
+                        "= %s ms, E2E %s ms", index, metrics.get("ttft_ms_mean_client_minus_server"),
+                        metrics.get("e2e_ms_mean_client_minus_server"),
+                    )
+                short = sum(
+                    1 for r in result.measured
+                    if r.succeeded and r.output_tokens is not None and r.output_tokens < max_tokens
+                )
+                metrics["num_short_outputs"] = short
+                if short and cfg.output_len:
+                    logger.warning(
+                        "level %d: %d of %d requests returned fewer than %d output tokens "
+                        "although ignore_eos was sent (the server may not take it)",
+                        index, short, len(result.measured), max_tokens,
+                    )
+                if metrics.get("client_bound"):
+                    logger.warning(
+                        "level %d is client-bound: the client's event-loop lag p99 is %.2f ms "
+                        "(> %.2f ms); its latencies describe the client, not the server",
+                        index, metrics["client_loop_lag_ms_p99"], cfg.client_bound_tolerance_ms,
+                    )
+                all_records.extend(result.records)
+                level = {
+                    "max_concurrency": concurrency, "request_rate": rate, "metrics": metrics,
+                    "requests": [r.to_json() for r in result.records],
+                }
+                levels.append(level)
+                rate_text = plots_module.rate_label(rate)
+                child = run.tracker.start_run(
+                    f"stream c={concurrency} rate={rate_text}", run.run_id, {"stage": "stream_level"}
+                )
+                run.tracker.log_params(child, {
+                    "max_concurrency": str(concurrency), "request_rate": rate_text,
+                    "burstiness": str(cfg.burstiness), "seed": str(cfg.seed),
+                })
                 run.tracker.log_metrics(child, metrics)
+                if run.tracker.enabled:
+                    hist = plots_module.level_histograms(
+                        level, workdir_path / f"plots/level{index}_latency_hist.png")
+                    run.tracker.log_artifact(child, hist, "plots")
+                    plots.append(hist)
                 run.tracker.end_run(child)
-        requests_path, tokens_path = Path(workdir) / "requests.parquet", Path(workdir) / "tokens.parquet"
+        requests_path, tokens_path = workdir_path / "requests.parquet", workdir_path / "tokens.parquet"
         write_parquet(all_records, requests_path, tokens_path)
         for path in (requests_path, tokens_path, journal):
             run.tracker.log_artifact(run.run_id, path)
+        if run.tracker.enabled:
+            curves = plots_module.load_curves(levels, workdir_path / "plots/load_curves.png")
+            for path in (curves, *plots):
+                run.tracker.log_artifact(run.run_id, path, "plots")
         headline = {k: levels[0]["metrics"].get(k) for k in STREAM_HEADLINE}
-        run.tracker.log_params(run.run_id, {
-            "max_tokens": str(cfg.max_tokens), "num_requests": str(cfg.num_requests),
-            "warmup": str(cfg.warmup), "max_concurrency": json.dumps(cfg.max_concurrency),
-        })
         run.tracker.log_metrics(run.run_id, headline)
         return {"levels": levels, "headline": headline, "mlflow_run_id": run.run_id}
 
 
-async def _stream_level(cfg: StreamConfig, endpoint: Endpoint, concurrency, index, count_tokens, writer):
-    client = make_client(endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s, concurrency)
+def stream_prompts(cfg: StreamConfig, tokenizer) -> tuple[list[str], list[int] | None]:
+    """The stage's prompts and their token counts: synthetic (``input_len``, one per warm-up
+    and measured request, from ``cfg.seed``) or the configured ones (counts left to the
+    server's usage)."""
+    if cfg.input_len:
+        return synthetic_prompts(tokenizer, cfg.input_len, cfg.num_requests + cfg.warmup, cfg.seed)
+    return list(cfg.prompts), None
+
+
+def _logger():
     try:
-        return await run_level(
-            client, model=endpoint.model, prompts=cfg.prompts, max_tokens=cfg.max_tokens,
-            max_concurrency=concurrency, num_requests=cfg.num_requests, warmup=cfg.warmup,
-            count_tokens=count_tokens, sampling={"temperature": cfg.temperature}, level=index,
-            on_record=writer.write, api_key_env=endpoint.api_key_env,
-        )
+        return get_run_logger()
+    except Exception:  # outside a Prefect run (plain call in a test)
+        return logging.getLogger("infermeter.stream")
+
+
+async def _stream_level(endpoint: Endpoint, key: str, level_args: dict):
+    client = make_client(endpoint.base_url, key, endpoint.request_timeout_s, level_args["max_concurrency"])
+    try:
+        return await run_level(client, **level_args)
     finally:
         await client.close()
 
 
+def sweep_points(cfg: SweepConfig) -> list[SweepPoint]:
+    """The sweep's points: the explicit ``points`` when given (unset seed / max_tokens = the
+    sweep's; top_p / top_k unset = not sent), else the grid temperature x top_p x top_k with
+    the sweep's seed, max_tokens and extra_body."""
+    if cfg.points:
+        return [
+            SweepPoint.make(
+                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                seed=cfg.seed if p.seed is None else p.seed,
+                max_tokens=p.max_tokens or cfg.max_tokens, extra_body=p.extra_body,
+            )
+            for p in cfg.points
+        ]
+    return grid(cfg.temperature, cfg.top_p, cfg.top_k, seed=cfg.seed, max_tokens=cfg.max_tokens,
+                extra_body=cfg.extra_body)
+
+
 @task(name="sweep", **STAGE)
 def sweep_stage(
-    cfg: SweepConfig, endpoint: Endpoint, target: TrackingTarget, parent_run_id: str | None,
-    workdir: str,
+    cfg: SweepConfig, endpoint: Endpoint | None, target: TrackingTarget, parent_run_id: str | None,
+    workdir: str, resume: bool = False,
 ) -> dict:
-    """N samples per (temperature, top_p) point; one child run per point."""
-    with StageRun(target, "sweep", parent_run_id, endpoint.identity()) as run:
-        tokenizer = load_tokenizer(endpoint.tokenizer)
-        count_tokens = _token_counter(tokenizer)
-        encode = lambda text: tokenizer.encode(text, add_special_tokens=False)  # noqa: E731
-        run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
-        points, sample_rows = [], []
-        for point in grid(cfg.temperature, cfg.top_p):
-            result = asyncio.run(_sweep_point(cfg, endpoint, point, count_tokens, encode))
-            child = run.tracker.start_run(
-                f"sweep T={point.temperature} top_p={point.top_p}", run.run_id,
-                {"stage": "sweep_point", "point_key": point.key()},
-            )
-            run.tracker.log_params(child, {
-                "temperature": str(point.temperature), "top_p": str(point.top_p),
-                "samples": str(cfg.samples), "seed": str(cfg.seed), "max_tokens": str(cfg.max_tokens),
-            })
-            run.tracker.log_metrics(child, result.metrics)
-            rows = [
-                {"temperature": point.temperature, "top_p": point.top_p, "sample": i,
-                 "seed": cfg.seed + i, **_sample_row(r)}
-                for i, r in enumerate(result.records)
-            ]
-            run.tracker.log_dict(child, {"samples": rows}, "samples.json")
-            run.tracker.end_run(child)
-            sample_rows.extend(rows)
-            points.append({**point.params(), "samples": [r["output_text"] for r in rows],
-                           **result.metrics, "mlflow_run_id": child})
+    """N samples per sweep point, against the endpoint or (``cfg.target == "local"``) the local
+    model; one child run per point, logged as the point finishes (params = the point, samples
+    as a table, tag ``point_key``). A point with failed requests is a FAILED child run tagged
+    with its error class; the other points still run.
+
+    ``resume``: points whose ``point_key`` (hash of the point, prompt, sample count and target
+    identity) already has a FINISHED run in the experiment are skipped and reported as such.
+    """
+    local = cfg.target == "local"
+    if not local and endpoint is None:
+        raise ValueError("sweep.target endpoint needs an endpoint")
+    identity = local_identity(cfg.local_model) if local else endpoint.identity()
+    with StageRun(target, "sweep", parent_run_id, identity) as run:
+        tokenizer = tokenizers.load("model", cfg.local_model if local else endpoint.tokenizer)
+        points = sweep_points(cfg)
+        context = {"prompt": cfg.prompt, "samples": cfg.samples, "target": cfg.target, **identity}
+        keys = {p: p.key(context) for p in points}
+        run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump(mode="json")))
+        done: dict[SweepPoint, dict] = {}
+        if resume:
+            for p in points:
+                found = run.tracker.find_runs(
+                    f"tags.point_key = '{keys[p]}' and attributes.status = 'FINISHED'", max_results=1
+                )
+                if found:
+                    done[p] = found[0]
+        todo = [p for p in dict.fromkeys(points) if p not in done]
+        finished: dict[SweepPoint, tuple[PointResult, str | None]] = {}
+        lock = threading.Lock()
+
+        def keep(result: PointResult) -> None:  # as each point finishes (a worker thread)
+            with lock:
+                finished[result.point] = (result, _log_point(run, result, keys[result.point], cfg))
+
+        if local:
+            from tasks.models import load_model
+
+            model, hf_tokenizer = load_model(cfg.local_model)
+            for p in todo:
+                keep(run_point_local(model, hf_tokenizer, p, prompt=cfg.prompt,
+                                     samples=cfg.samples, encode=tokenizer.encode))
+        elif todo:
+            asyncio.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys, keep))
+        out = []
+        for p in points:
+            row = {**p.params(), "point_key": keys[p]}
+            if p in done:
+                prior = done[p]
+                out.append({**row, "status": "skipped", "error_class": None, "samples": [],
+                            **_prior_metrics(prior["metrics"]),
+                            "mlflow_run_id": prior["run_id"]})
+                continue
+            result, child = finished[p]
+            out.append({**row, "status": "failed" if result.failed else "finished",
+                        "error_class": result.error_class, "samples": result.sample_rows(),
+                        **{k: result.metrics.get(k) for k in SWEEP_METRICS}, "mlflow_run_id": child})
         path = Path(workdir) / "samples.json"
-        path.write_text(json.dumps(sample_rows, ensure_ascii=False, indent=1), encoding="utf-8")
-        run.tracker.log_artifact(run.run_id, path)
-        violations = sum(p["determinism_violated"] for p in points)
-        headline = {"sweep_points": len(points), "sweep_determinism_violations": violations}
+        path.write_text(json.dumps(out, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
+        chart = plots_module.sweep_vs_temperature(out, Path(workdir) / "sweep_vs_temperature.png")
+        for artifact in (path, chart):
+            run.tracker.log_artifact(run.run_id, artifact)
+        headline = {
+            "sweep_points": len(out),
+            "sweep_points_skipped": sum(p["status"] == "skipped" for p in out),
+            "sweep_points_failed": sum(p["status"] == "failed" for p in out),
+            "sweep_determinism_violations": sum(int(p["determinism_violated"] or 0) for p in out),
+        }
         run.tracker.log_metrics(run.run_id, headline)
-        return {"points": points, "headline": headline, "mlflow_run_id": run.run_id}
+        return {"points": out, "headline": headline, "identity": identity, "mlflow_run_id": run.run_id}
 
 
-def _sample_row(record) -> dict:
-    data = record.to_json()
-    return {k: data[k] for k in ("output_text", "output_tokens", "ttft_ms", "e2e_ms", "error")}
+def _prior_metrics(metrics: dict[str, float]) -> dict[str, Any]:
+    """A skipped point's figures as read back from its FINISHED run (counts as ints)."""
+    counts = {"num_samples", "num_samples_failed", "determinism_violated"}
+    return {k: (int(metrics[k]) if k in counts else metrics[k]) if k in metrics else None
+            for k in SWEEP_METRICS}
 
 
-async def _sweep_point(cfg: SweepConfig, endpoint: Endpoint, point, count_tokens, encode):
+def _log_point(run: StageRun, result: PointResult, key: str, cfg: SweepConfig) -> str | None:
+    """The point's child run: params = the point, metrics, samples table; FAILED when any of
+    its requests failed (tag ``error_class``)."""
+    tags = {"stage": "sweep_point", "point_key": key}
+    if result.failed:
+        tags["error_class"] = result.error_class
+    child = run.tracker.start_run(f"sweep {result.point.label()}", run.run_id, tags)
+    run.tracker.log_params(child, flatten_params({**result.point.params(), "samples": cfg.samples}))
+    run.tracker.log_metrics(child, result.metrics)
+    run.tracker.log_table(child, result.sample_rows(), "samples.json")
+    run.tracker.end_run(child, "FAILED" if result.failed else "FINISHED")
+    return child
+
+
+async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, keys, keep):
     client = make_client(endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s, cfg.max_concurrency)
     try:
-        return await run_point(
-            client, point, model=endpoint.model, prompt=cfg.prompt, samples=cfg.samples,
-            seed=cfg.seed, max_tokens=cfg.max_tokens, max_concurrency=cfg.max_concurrency,
-            count_tokens=count_tokens, encode=encode, api_key_env=endpoint.api_key_env,
+        return await run_points(
+            client, points, model=endpoint.model, prompt=cfg.prompt, samples=cfg.samples,
+            max_concurrency=cfg.max_concurrency, count_tokens=lambda text: len(encode(text)),
+            encode=encode, api_key_env=endpoint.api_key_env, key=keys.__getitem__,
+            on_point=lambda result: asyncio.to_thread(keep, result),
         )
     finally:
         await client.close()

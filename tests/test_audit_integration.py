@@ -175,3 +175,37 @@ def test_failed_server_start_fails_the_flow_but_keeps_finished_stages(mlflow_sto
     assert parent.info.status == "FAILED" and "endpoint" in parent.data.tags["error"]
     assert parent.data.metrics["token_count_model_total"] > 0  # the finished stage is kept
     assert _llama_servers() == []
+
+
+def test_planted_regression_fails_the_audit_with_a_verdict(mlflow_store, prefect_server, workdir):
+    from flows.audit import audit
+    from tasks.tracking import Tracker
+
+    cfg = load_config(CONFIGS / "smoke.yaml")
+    cfg.name = "audit-regression"
+    cfg.tokenize.enabled = False
+    cfg.profile.enabled = False
+    cfg.sweep.enabled = False
+    cfg.stream.max_concurrency = [1]
+    cfg.stream.num_requests = 2
+    tracker = Tracker(cfg.tracking.experiment)
+    planted = tracker.start_run("planted-baseline", tags={"flow": "audit"})
+    tracker.log_metrics(planted, {"ttft_ms_p50": 0.5, "output_tokens_per_s": 1.0e6})
+    tracker.end_run(planted)
+    cfg.regression.baseline_run_id = planted
+    cfg.regression.thresholds_pct = {"ttft_ms_p50": 15.0, "output_tokens_per_s": -10.0}
+    cfg.regression.fail_on_regression = True
+
+    state = audit(cfg, return_state=True)
+    result = state.result(raise_on_failure=False)
+    assert state.is_failed() and "regression" in state.message
+    assert result["errors"] == {}
+    rows = {row["metric"]: row for row in result["regression"]["rows"]}
+    assert rows["ttft_ms_p50"]["regressed"] and rows["ttft_ms_p50"]["baseline"] == 0.5
+    assert rows["output_tokens_per_s"]["regressed"]
+    client = MlflowClient(tracking_uri=mlflow_store[1])
+    run = client.get_run(result["mlflow_run_id"])
+    assert run.data.tags["regression"] == "true"
+    assert run.data.tags["baseline_run_ids"] == planted
+    artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
+    assert {"regression.md", "regression.json", "summary.md"} <= artifacts

@@ -59,7 +59,7 @@ def test_no_track_json_has_null_run_id(tmp_path):
     # ... while 'tokenization' is 'token' + 'ization'
     assert rows[3]["pieces"] == ["token", "ization"] and rows[3]["ids"][0] == rows[2]["ids"][0]
     assert rows[3]["chars_per_token"] == 6.0
-    assert set(data) == {"stages", "headline", "errors", "mlflow_run_id"}
+    assert set(data) == {"stages", "headline", "errors", "regression", "mlflow_run_id"}
 
 
 def test_server_prints_base_url_serves_and_stops_on_sigterm():
@@ -85,3 +85,25 @@ def test_server_prints_base_url_serves_and_stops_on_sigterm():
         proc.send_signal(signal.SIGTERM)
         proc.wait(timeout=60)
     assert all(not c.is_running() or c.status() == psutil.STATUS_ZOMBIE for c in children)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]  # closed again when the block ends
+
+
+def test_tracking_server_down_is_one_line_naming_the_url():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = _run(["audit", "--config", "configs/smoke.yaml"], env={"MLFLOW_TRACKING_URI": url})
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and url in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_prefect_api_down_is_one_line_naming_the_url():
+    url = f"http://127.0.0.1:{_closed_port()}/api"
+    result = _run(["serve"], env={"PREFECT_API_URL": url})
+    assert result.returncode == 2 and url in result.stderr and "Traceback" not in result.stderr

@@ -43,8 +43,10 @@ def test_bad_value_names_the_field(tmp_path):
         load_config(_write(tmp_path, "sweep:\n  top_p: [1.5]\n"))
     with pytest.raises(ConfigError, match=r"stream\.max_concurrency"):
         load_config(_write(tmp_path, "stream:\n  max_concurrency: [0]\n"))
-    with pytest.raises(ConfigError, match=r"profile\.dtype"):
-        load_config(_write(tmp_path, "profile:\n  dtype: float8\n"))
+    with pytest.raises(ConfigError, match=r"profile\.dtypes"):
+        load_config(_write(tmp_path, "profile:\n  dtypes: [float8]\n"))
+    with pytest.raises(ConfigError, match=r"profile\.prefill_chunk_sizes"):
+        load_config(_write(tmp_path, "profile:\n  prefill_chunk_sizes: [-1]\n"))
     with pytest.raises(ConfigError, match=r"stream\.goodput"):
         load_config(_write(tmp_path, "stream:\n  goodput: {latency: 5}\n"))
 

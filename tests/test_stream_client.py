@@ -49,12 +49,18 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
+@pytest.fixture(params=["aiohttp", "openai"])
+def transport(request) -> str:
+    """Both transports must give the same records (tasks.stream.client)."""
+    return request.param
+
+
 def measure(base_url: str, model: str, *, timeout_s: float = 10.0, warm: bool = True,
-            **kwargs) -> RequestRecord:
+            transport: str = "aiohttp", **kwargs) -> RequestRecord:
     """One request with a fresh client, after one warm-up request on the same connection."""
 
     async def main() -> RequestRecord:
-        client = make_client(base_url, SECRET, timeout_s, 1)
+        client = make_client(base_url, SECRET, timeout_s, 1, transport)
         try:
             if warm:
                 await stream_chat(client, model="single", prompt="w", max_tokens=4,
@@ -71,8 +77,8 @@ def measure(base_url: str, model: str, *, timeout_s: float = 10.0, warm: bool = 
 # Timing ground truth --------------------------------------------------------------------------
 
 
-def test_schedule_ttft_itl_e2e_tpot(server: gt.GroundTruthServer) -> None:
-    r = measure(server.base_url, "schedule", level=3, max_concurrency=2, input_tokens=42)
+def test_schedule_ttft_itl_e2e_tpot(server: gt.GroundTruthServer, transport) -> None:
+    r = measure(server.base_url, "schedule", level=3, max_concurrency=2, input_tokens=42, transport=transport)
     assert r.succeeded, r.error_message
     assert r.error_class is None and r.error_message is None
     # TTFT: the role-only chunk at t=0 is not a token; the first text comes at 100 ms
@@ -128,8 +134,8 @@ def test_no_usage_and_no_tokenizer_leaves_count_unknown(server: gt.GroundTruthSe
     ("model", "first_ms", "text", "chunks"),
     [("reasoning", 80, "Let me think hard.Answer", 3), ("reasoning_alt", 60, "hmmok", 2)],
 )
-def test_reasoning_deltas_are_tokens(server, model, first_ms, text, chunks) -> None:
-    r = measure(server.base_url, model)
+def test_reasoning_deltas_are_tokens(server, model, first_ms, text, chunks, transport) -> None:
+    r = measure(server.base_url, model, transport=transport)
     assert r.succeeded
     assert first_ms <= r.ttft_ms <= first_ms + TOL_MS
     assert r.output_text == text
@@ -138,12 +144,24 @@ def test_reasoning_deltas_are_tokens(server, model, first_ms, text, chunks) -> N
     assert r.input_tokens == 11  # from usage.prompt_tokens when the caller gives none
 
 
-def test_keepalive_comments_and_empty_chunks_ignored(server: gt.GroundTruthServer) -> None:
-    r = measure(server.base_url, "keepalive")
+def test_keepalive_comments_and_empty_chunks_ignored(server: gt.GroundTruthServer, transport) -> None:
+    r = measure(server.base_url, "keepalive", transport=transport)
     assert r.succeeded
     assert 120 <= r.ttft_ms <= 120 + TOL_MS  # the empty-content chunk at 40 ms is not a token
     assert r.output_text == "tick tock"
     assert len(r.itl_ms) == 1 and 30 - 15 <= r.itl_ms[0] <= 30 + TOL_MS
+
+
+def test_byte_splits_and_crlf(server: gt.GroundTruthServer, transport) -> None:
+    r = measure(server.base_url, "split", transport=transport)
+    assert r.succeeded, r.error_message
+    assert r.output_text == "Hello world"
+    assert 60 <= r.ttft_ms <= 60 + TOL_MS  # the first event completes with the second write
+    assert len(r.itl_ms) == 2
+    assert 30 - 15 <= r.itl_ms[0] <= 30 + TOL_MS
+    if transport == "aiohttp":  # two events in one read share its arrival time
+        assert r.itl_ms[1] == 0.0
+    assert r.output_tokens == 3
 
 
 def test_single_token_has_no_tpot(server: gt.GroundTruthServer) -> None:
@@ -152,11 +170,11 @@ def test_single_token_has_no_tpot(server: gt.GroundTruthServer) -> None:
     assert r.ttft_ms == r.e2e_ms
 
 
-def test_request_parameters_sent(server: gt.GroundTruthServer) -> None:
+def test_request_parameters_sent(server: gt.GroundTruthServer, transport) -> None:
     server.reset()
     measure(server.base_url, "single", warm=False, max_tokens=7,
             sampling={"temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3, "min_p": None},
-            extra_body={"ignore_eos": True})
+            extra_body={"ignore_eos": True}, transport=transport)
     body = server.stats()["requests"][-1]
     assert body["model"] == "single"
     assert body["messages"] == [{"role": "user", "content": "hi"}]
@@ -194,60 +212,60 @@ def test_build_request_routes_top_k_through_extra_body() -> None:
         ("empty", "empty_response"),
     ],
 )
-def test_error_classes(server, model, error_class) -> None:
-    r = measure(server.base_url, model, warm=False, api_key_env="MY_KEY_ENV")
+def test_error_classes(server, model, error_class, transport) -> None:
+    r = measure(server.base_url, model, warm=False, api_key_env="MY_KEY_ENV", transport=transport)
     assert r.error_class == error_class, r.error_message
     assert r.error_message
     assert not r.succeeded
     assert SECRET not in r.error_message and "SECRET123456" not in r.error_message
 
 
-def test_http_errors_have_actionable_messages(server: gt.GroundTruthServer) -> None:
-    r401 = measure(server.base_url, "http_401", warm=False, api_key_env="MY_KEY_ENV")
+def test_http_errors_have_actionable_messages(server: gt.GroundTruthServer, transport) -> None:
+    r401 = measure(server.base_url, "http_401", warm=False, api_key_env="MY_KEY_ENV", transport=transport)
     assert "401" in r401.error_message and "MY_KEY_ENV" in r401.error_message
     assert "[redacted]" in r401.error_message  # the server echoed the key; it is masked
-    r401_default = measure(server.base_url, "http_401", warm=False)
+    r401_default = measure(server.base_url, "http_401", warm=False, transport=transport)
     assert "api_key_env" in r401_default.error_message
-    r404 = measure(server.base_url, "http_404", warm=False)
+    r404 = measure(server.base_url, "http_404", warm=False, transport=transport)
     assert "'http_404'" in r404.error_message and "/v1" in r404.error_message
-    r429 = measure(server.base_url, "http_429", warm=False)
+    r429 = measure(server.base_url, "http_429", warm=False, transport=transport)
     assert "retry-after: 2" in r429.error_message and "max_concurrency" in r429.error_message
     for r in (r401, r404, r429):
         assert r.ttft_ms is None and r.stream_close_ms is None and r.output_text == ""
 
 
-def test_partial_measurements_kept_on_failure(server: gt.GroundTruthServer) -> None:
-    r = measure(server.base_url, "cut")
+def test_partial_measurements_kept_on_failure(server: gt.GroundTruthServer, transport) -> None:
+    r = measure(server.base_url, "cut", transport=transport)
     assert r.error_class == "stream_broken"
     assert r.output_text == "one two"
     assert 30 <= r.ttft_ms <= 30 + TOL_MS and len(r.itl_ms) == 1
     assert r.output_tokens == 2 and r.output_tokens_source == "tokenizer"
     assert r.stream_close_ms >= r.e2e_ms
-    r = measure(server.base_url, "stream_error")
+    r = measure(server.base_url, "stream_error", transport=transport)
     assert r.error_class == "server" and "model crashed" in r.error_message
     assert r.output_text == "partial" and r.ttft_ms is not None
-    r = measure(server.base_url, "bad_json")
+    r = measure(server.base_url, "bad_json", transport=transport)
     assert "not json" in r.error_message and r.output_text == "fine"
 
 
-def test_empty_response_message(server: gt.GroundTruthServer) -> None:
-    r = measure(server.base_url, "empty")
+def test_empty_response_message(server: gt.GroundTruthServer, transport) -> None:
+    r = measure(server.base_url, "empty", transport=transport)
     assert r.error_class == "empty_response" and r.ttft_ms is None
     assert r.output_tokens == 0 and r.output_tokens_source == "usage"
     assert "no text" in r.error_message
 
 
-def test_connection_refused() -> None:
+def test_connection_refused(transport) -> None:
     port = gt.free_port()
-    r = measure(f"http://127.0.0.1:{port}/v1", "schedule", warm=False)
+    r = measure(f"http://127.0.0.1:{port}/v1", "schedule", warm=False, transport=transport)
     assert r.error_class == "connection", r.error_message
     assert str(port) in r.error_message
     assert r.ttft_ms is None and r.stream_close_ms is None
 
 
-def test_timeout(server: gt.GroundTruthServer) -> None:
+def test_timeout(server: gt.GroundTruthServer, transport) -> None:
     start = time.perf_counter()
-    r = measure(server.base_url, "slow", timeout_s=0.5)
+    r = measure(server.base_url, "slow", timeout_s=0.5, transport=transport)
     assert r.error_class == "timeout", r.error_message
     assert time.perf_counter() - start < 2.5  # the 3 s first token was not waited for
     assert "request_timeout_s" in r.error_message

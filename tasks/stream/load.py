@@ -1,16 +1,25 @@
-"""Load levels: warm-up, then N measured requests with at most C in flight.
+"""Load levels: warm-up, then N measured requests, arriving at a rate, at most C in flight.
 
-A level (vLLM ``benchmark_serving.py --max-concurrency``): warm-up requests go first, one at a
-time, recorded with ``warmup=True`` and left out of the statistics; then ``num_requests``
-measured requests are sent as fast as an ``asyncio.Semaphore(max_concurrency)`` lets them (a
-closed loop: a new request starts when one in flight ends). Prompts are used round-robin.
+A level (vLLM ``benchmark_serving.py``: ``--max-concurrency`` x ``--request-rate``): warm-up
+requests go first, one at a time, recorded with ``warmup=True`` and left out of the statistics;
+then ``num_requests`` measured requests arrive at ``request_rate`` requests/s and are sent as
+soon as an ``asyncio.Semaphore(max_concurrency)`` lets them. Rate None (``inf``): all arrive at
+once, so the level is a closed loop of ``max_concurrency`` streams. A finite rate draws the
+inter-arrival times from a gamma distribution with shape ``burstiness`` and mean ``1 / rate``
+(vLLM's ``get_request``: ``theta = 1 / (rate * burstiness)``; burstiness 1 = a Poisson
+process), from ``random.Random(seed)``, so a seed replays the same arrivals. Prompts are used
+round-robin, the measured requests continuing after the warm-up's.
+
 ``wall_s`` runs from the first measured send to the last measured completion; it is the
-denominator of the level's throughput figures (``tasks.stats.aggregate_level``).
+denominator of the level's throughput figures (``tasks.stats.aggregate_level``). During the
+measured part a :class:`tasks.stream.lag.LoopLagProbe` measures the client's own event-loop lag
+(``LevelResult.client``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -19,18 +28,24 @@ from typing import Any
 import httpx2
 import openai
 
-from tasks.stream.client import stream_chat
+from tasks.stream.client import SSEClient, stream_chat
+from tasks.stream.lag import LoopLagProbe
 from tasks.stream.records import RequestRecord
 
 
 @dataclass
 class LevelResult:
-    """The records of one level (warm-up included, flagged) and its wall time in seconds."""
+    """The records of one level (warm-up included, flagged), its wall time in seconds, and the
+    client's loop-lag figures (``LoopLagProbe.metrics``: ``client_loop_lag_ms_p99``,
+    ``client_bound``, ...)."""
 
     level: int
     max_concurrency: int
+    request_rate: float | None = None
     records: list[RequestRecord] = field(default_factory=list)
     wall_s: float = 0.0
+    client: dict[str, Any] = field(default_factory=dict)
+    last_done_ns: int = 0  #: perf_counter_ns when the last measured request finished
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -38,12 +53,37 @@ class LevelResult:
         return [r for r in self.records if not r.warmup]
 
 
+def arrival_offsets_s(
+    count: int, request_rate: float | None, burstiness: float = 1.0, seed: int = 0
+) -> list[float]:
+    """When each of ``count`` requests arrives, in seconds since the first (which is at 0).
+
+    Gaps are gamma(shape=burstiness, scale=1/(request_rate*burstiness)): mean ``1/rate``,
+    coefficient of variation ``1/sqrt(burstiness)``. ``request_rate`` None: all at 0.
+
+    Raises:
+        ValueError: a rate or burstiness that is not > 0.
+    """
+    if request_rate is None:
+        return [0.0] * count
+    if not request_rate > 0 or not burstiness > 0:
+        raise ValueError("request_rate and burstiness must be > 0")
+    rng = random.Random(seed)
+    theta = 1.0 / (request_rate * burstiness)
+    offsets, t = [], 0.0
+    for i in range(count):
+        if i:
+            t += rng.gammavariate(burstiness, theta)
+        offsets.append(t)
+    return offsets
+
+
 def _input_tokens(counts: Sequence[int | None] | None, index: int) -> int | None:
     return counts[index % len(counts)] if counts else None
 
 
 async def run_level(
-    client: openai.AsyncOpenAI,
+    client: SSEClient | openai.AsyncOpenAI,
     *,
     model: str,
     prompts: Sequence[str],
@@ -58,11 +98,20 @@ async def run_level(
     prompt_tokens: Sequence[int | None] | None = None,
     extra_body: dict[str, Any] | None = None,
     api_key_env: str | None = None,
+    request_rate: float | None = None,
+    burstiness: float = 1.0,
+    seed: int = 0,
+    lag_tolerance_ms: float = 1.0,
+    on_measure_start: Callable[[], None] | None = None,
+    share: tuple[int, int] = (0, 1),
+    start_at: float | None = None,
 ) -> LevelResult:
     """Run one load level against ``client`` and return its records and wall time.
 
     Args:
-        prompts: used round-robin (warm-up from the first prompt on, measured likewise).
+        prompts: used round-robin: warm-up from the first prompt on, measured requests after
+            the warm-up ones (so a server's prefix cache does not hand the first measured
+            request the warm-up's prompt).
         max_concurrency: most measured requests in flight at once (>= 1).
         num_requests: measured requests; warmup: sequential warm-up requests before them.
         count_tokens: the output-token fallback when the server sends no usage.
@@ -70,14 +119,27 @@ async def run_level(
         prompt_tokens: optional token count of each prompt (parallel to ``prompts``), stored
             as ``input_tokens``.
         extra_body, api_key_env: passed to :func:`tasks.stream.client.stream_chat`.
+        request_rate, burstiness, seed: the arrivals (:func:`arrival_offsets_s`); None = inf.
+        lag_tolerance_ms: the client-bound threshold on the loop lag's p99.
+        on_measure_start: called after the warm-up, just before the first measured request
+            (e.g. a scrape of the server's /metrics); it may block, nothing is in flight.
+        share, start_at: for one of several client processes (``tasks.stream.multiproc``):
+            ``(k, n)`` sends only the measured requests ``i`` with ``i % n == k``, at their
+            places in the one arrival schedule that starts at ``start_at`` (a
+            ``time.perf_counter()`` value: CLOCK_MONOTONIC, the same in every process).
 
     Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured).
+
+    Raises:
+        ValueError: max_concurrency < 1, no prompts, or a rate / burstiness not > 0.
     """
     if max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1")
     if not prompts:
         raise ValueError("prompts must not be empty")
-    result = LevelResult(level=level, max_concurrency=max_concurrency)
+    offsets = arrival_offsets_s(num_requests, request_rate, burstiness, seed)
+    mine = range(share[0], num_requests, share[1])
+    result = LevelResult(level=level, max_concurrency=max_concurrency, request_rate=request_rate)
     common = {
         "model": model,
         "max_tokens": max_tokens,
@@ -89,6 +151,12 @@ async def run_level(
         "api_key_env": api_key_env,
     }
 
+    def keep(record: RequestRecord) -> RequestRecord:
+        record.request_rate = request_rate
+        if on_record is not None:
+            on_record(record)
+        return record
+
     for i in range(warmup):
         record = await stream_chat(
             client,
@@ -98,10 +166,10 @@ async def run_level(
             input_tokens=_input_tokens(prompt_tokens, i),
             **common,
         )
-        result.records.append(record)
-        if on_record is not None:
-            on_record(record)
+        result.records.append(keep(record))
 
+    if on_measure_start is not None:
+        on_measure_start()
     gate = asyncio.Semaphore(max_concurrency)
     done_ns: list[int] = []
     measured: list[RequestRecord] = []
@@ -110,34 +178,58 @@ async def run_level(
         async with gate:
             record = await stream_chat(
                 client,
-                prompt=prompts[i % len(prompts)],
+                prompt=prompts[(warmup + i) % len(prompts)],
                 request_id=f"l{level}-r{i}",
-                input_tokens=_input_tokens(prompt_tokens, i),
+                input_tokens=_input_tokens(prompt_tokens, warmup + i),
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
-        measured.append(record)
-        if on_record is not None:
-            on_record(record)
+        measured.append(keep(record))
 
-    await asyncio.gather(*(one(i) for i in range(num_requests)))
+    async with LoopLagProbe() as probe:
+        start = time.perf_counter() if start_at is None else start_at
+        tasks = []
+        for i in mine:
+            delay = start + offsets[i] - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.ensure_future(one(i)))
+        await asyncio.gather(*tasks)
+    arrivals_ns = sorted(
+        r.send_ns + round(offset * 1e6) for r in measured for offset in r.token_offsets_ms
+    )
+    result.client = probe.metrics(lag_tolerance_ms, arrivals_ns)
     result.records.extend(sorted(measured, key=lambda r: r.send_ns))
     if measured:
         first_send_ns = min(r.send_ns for r in measured)
-        result.wall_s = (max(done_ns) - first_send_ns) / 1e9
+        result.last_done_ns = max(done_ns)
+        result.wall_s = (result.last_done_ns - first_send_ns) / 1e9
     return result
 
 
 def make_client(
-    base_url: str, api_key: str | None, request_timeout_s: float, max_concurrency: int
-) -> openai.AsyncOpenAI:
-    """An AsyncOpenAI with no retries, the given timeout, and room for the concurrency.
+    base_url: str,
+    api_key: str | None,
+    request_timeout_s: float,
+    max_concurrency: int,
+    transport: str = "aiohttp",
+) -> SSEClient | openai.AsyncOpenAI:
+    """A streaming client with no retries, the given timeout, and room for the concurrency.
 
-    No retries: a retried request would hide an error and stretch its latency. The timeout
-    applies to connecting and to each read (the wait for the next chunk). With no key a
+    ``transport``: ``"aiohttp"`` (default; :class:`tasks.stream.client.SSEClient`, chosen on the
+    benchmark's numbers) or ``"openai"`` (``AsyncOpenAI`` over httpx2). Both give the same
+    records. No retries: a retried request would hide an error and stretch its latency. The
+    timeout applies to connecting and to each read (the wait for the next chunk). With no key a
     placeholder is sent (servers without auth ignore it).
+
+    Raises:
+        ValueError: an unknown transport.
     """
     room = max(max_concurrency, 1) + 8
+    if transport == "aiohttp":
+        return SSEClient(base_url, api_key or "no-key", request_timeout_s, room)
+    if transport != "openai":
+        raise ValueError(f"transport must be 'aiohttp' or 'openai', got {transport!r}")
     http_client = openai.DefaultAsyncHttpx2Client(
         timeout=httpx2.Timeout(request_timeout_s),
         limits=httpx2.Limits(max_connections=room, max_keepalive_connections=room),
@@ -168,8 +260,11 @@ def run_levels(
     prompt_tokens: Sequence[int | None] | None = None,
     extra_body: dict[str, Any] | None = None,
     api_key_env: str | None = None,
+    request_rates: Sequence[float | None] = (None,),
+    burstiness: float = 1.0,
+    seed: int = 0,
 ) -> list[LevelResult]:
-    """Run one level per concurrency, in order, over one client (level i = concurrencies[i]).
+    """Run one level per (concurrency, rate) of :func:`level_grid`, in order, over one client.
 
     Synchronous: runs its own event loop (``asyncio.run``), so call it from a thread without a
     running loop. Each level sends its own warm-up requests.
@@ -179,7 +274,7 @@ def run_levels(
         client = make_client(base_url, api_key, request_timeout_s, max(concurrencies, default=1))
         try:
             results = []
-            for level, concurrency in enumerate(concurrencies):
+            for level, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates)):
                 results.append(
                     await run_level(
                         client,
@@ -196,6 +291,9 @@ def run_levels(
                         prompt_tokens=prompt_tokens,
                         extra_body=extra_body,
                         api_key_env=api_key_env,
+                        request_rate=rate,
+                        burstiness=burstiness,
+                        seed=seed,
                     )
                 )
             return results
@@ -203,3 +301,11 @@ def run_levels(
             await client.close()
 
     return asyncio.run(main())
+
+
+def level_grid(
+    concurrencies: Sequence[int], request_rates: Sequence[float | None] = (None,)
+) -> list[tuple[int, float | None]]:
+    """The levels: the cross product concurrency x rate, concurrency-major
+    (``[1, 4] x [2, None]`` -> ``(1, 2), (1, None), (4, 2), (4, None)``)."""
+    return [(c, r) for c in concurrencies for r in (request_rates or [None])]

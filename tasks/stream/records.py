@@ -33,7 +33,8 @@ class RequestRecord:
 
     Attributes:
         request_id: unique within the run.
-        level: index of the load level; max_concurrency: that level's concurrency.
+        level: index of the load level; max_concurrency: that level's concurrency;
+            request_rate: that level's request rate in requests/s (None = inf, all at once).
         warmup: a warm-up request (recorded, left out of the statistics).
         send_ns: ``time.perf_counter_ns()`` just before the request was sent (monotonic, ns).
         input_tokens: prompt tokens (the caller's count, else the server's ``usage``).
@@ -53,6 +54,7 @@ class RequestRecord:
     request_id: str
     level: int = 0
     max_concurrency: int = 1
+    request_rate: float | None = None
     warmup: bool = False
     send_ns: int = 0
     input_tokens: int | None = None
@@ -84,6 +86,7 @@ class RequestRecord:
             "request_id": self.request_id,
             "level": self.level,
             "max_concurrency": self.max_concurrency,
+            "request_rate": self.request_rate,
             "warmup": self.warmup,
             "send_ns": self.send_ns,
             "input_tokens": self.input_tokens,
@@ -198,6 +201,7 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "request_id": pl.String(),
     "level": pl.Int64(),
     "max_concurrency": pl.Int64(),
+    "request_rate": pl.Float64(),
     "warmup": pl.Boolean(),
     "send_ns": pl.Int64(),
     "input_tokens": pl.Int64(),

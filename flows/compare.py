@@ -1,0 +1,88 @@
+"""`infermeter compare`: chosen MLflow runs side by side, deltas against the first.
+
+Not a flow: it only reads the tracking store.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from flows.cli_common import console, fail_input, parse_list, write_json
+from tasks.compare import comparison_frame, markdown_table, plot_metric
+
+DEFAULT_FILTER = "tags.flow = 'audit'"
+
+
+def command(
+    run_ids: Annotated[Optional[list[str]], typer.Argument(help="Run ids; the first is the reference.")] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment to search.")] = "infermeter",
+    filter_string: Annotated[
+        str, typer.Option("--filter", help="MLflow filter when no run ids are given.")
+    ] = DEFAULT_FILTER,
+    max_runs: Annotated[int, typer.Option(help="Newest N runs when searching.")] = 10,
+    metrics: Annotated[Optional[str], typer.Option(help="Comma-separated metrics (default: headline).")] = None,
+    csv: Annotated[Optional[Path], typer.Option(help="Write the table as CSV.")] = None,
+    markdown: Annotated[bool, typer.Option("--markdown", help="Print a markdown table.")] = False,
+    plot: Annotated[Optional[Path], typer.Option(help="PNG of the first metric across runs.")] = None,
+    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON.")] = None,
+) -> None:
+    """Compare runs: params and headline metrics, with changes against the first run."""
+    from tasks.tracking import Tracker
+
+    chosen = parse_list("--metrics", metrics, str)
+    if max_runs < 1:
+        fail_input("--max-runs: must be >= 1")
+    tracker = Tracker(experiment)
+    try:
+        if run_ids:
+            runs = tracker.runs_by_id(run_ids)
+        else:
+            runs = list(reversed(tracker.find_runs(filter_string, max_results=max_runs)))
+    except LookupError as exc:
+        fail_input(str(exc))
+    except Exception as exc:  # a malformed --filter is the usual cause
+        fail_input(f"--filter: {str(exc).splitlines()[0]}")
+    if not runs:
+        fail_input(f"no runs in experiment {experiment!r} match {filter_string!r}")
+    frame = comparison_frame(runs, chosen)
+    if csv:
+        frame.write_csv(csv)
+    if plot:
+        metric = (chosen or [c for c in frame.columns if c.endswith("_change_pct")][:1] or [""])[0]
+        metric = metric.removesuffix("_change_pct")
+        try:
+            plot_metric(frame, metric, plot)
+        except KeyError:
+            fail_input(f"--plot: no metric to plot (give --metrics)")
+    write_json(json_path, {"rows": frame.to_dicts()})
+    if markdown:
+        typer.echo(markdown_table(frame))
+        return
+    console.print(_transposed(frame))
+
+
+def _transposed(frame) -> Table:
+    """Metrics as rows, runs as columns: reads in a terminal however many metrics there are."""
+    table = Table(title="runs side by side (change against the first run)", header_style="bold")
+    table.add_column("")
+    for name, run_id in zip(frame["name"], frame["run_id"]):
+        table.add_column(f"{name or ''}\n{run_id[:8]}", justify="right")
+    for column in frame.columns:
+        if column in ("run_id", "name") or column.endswith("_change_pct"):
+            continue
+        cells = []
+        for i, value in enumerate(frame[column]):
+            if isinstance(value, float):
+                change = frame[f"{column}_change_pct"][i] if f"{column}_change_pct" in frame.columns else None
+                cell = f"{value:,.3f}"
+                if i > 0 and change is not None:
+                    cell += f" ({change:+.1f} %)"
+            else:
+                cell = "" if value is None else str(value)[:20]
+            cells.append(cell)
+        table.add_row(column, *cells)
+    return table

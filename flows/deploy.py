@@ -1,0 +1,91 @@
+"""`infermeter serve`: deployments for every flow, served against the Prefect API.
+
+Each flow's parameters are its pydantic config model, so the Prefect UI renders a typed form
+with the defaults and descriptions of tasks/config.py; a run launched from the UI, from
+`prefect deployment run NAME --param ...` or from the REST API lands in MLflow with exactly the
+parameters it was given. The audit deployment takes the config's `schedule_cron` (off by
+default) and compares each run with its baseline.
+
+Runs execute in subprocesses of this process (Prefect's runner). For other machines use a work
+pool instead (README, "Past one machine").
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.cli_common import fail_input, load_or_fail, preflight
+from tasks.config import AuditConfig
+
+#: (module, flow attribute, deployment name): every flow that gets a deployment. Modules that
+#: are not there (a stage's flow not written yet) are skipped.
+FLOWS = (
+    ("flows.audit", "audit", "audit"),
+    ("flows.stream", "stream", "stream"),
+    ("flows.profile", "profile", "profile"),
+    ("flows.sweep", "sweep", "sweep"),
+    ("flows.tokenize", "tokenize", "tokenize"),
+)
+
+
+def available_flows() -> list[tuple[str, object]]:
+    """(deployment name, flow object) for every flow module present."""
+    found = []
+    for module_name, attribute, name in FLOWS:
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name == module_name:
+                continue
+            raise
+        flow = getattr(module, attribute, None)
+        if flow is not None and hasattr(flow, "to_deployment"):
+            found.append((name, flow))
+    return found
+
+
+def build_deployments(audit_config: AuditConfig, cron: str | None) -> list:
+    """Deployment objects: the audit with the given config as its defaults (and schedule),
+    the others with their flows' own defaults."""
+    from prefect.types.entrypoint import EntrypointType
+
+    deployments = []
+    for name, flow in available_flows():
+        # A module-path entrypoint (flows.audit.audit), not a file path: loading by file path
+        # puts flows/ on sys.path, where flows/profile.py and flows/tokenize.py would shadow
+        # the standard library's profile and tokenize modules in the flow-run process.
+        kwargs = {"name": name, "tags": ["infermeter"], "entrypoint_type": EntrypointType.MODULE_PATH}
+        if name == "audit":
+            kwargs["parameters"] = {"config": audit_config.model_dump(mode="json")}
+            if cron:
+                kwargs["cron"] = cron
+        deployments.append(flow.to_deployment(**kwargs))
+    return deployments
+
+
+def command(
+    config: Annotated[Optional[Path], typer.Option(help="Audit config whose values are the form's defaults.")] = None,
+    cron: Annotated[Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")] = None,
+    limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
+) -> None:
+    """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""
+    from prefect import serve
+
+    if not os.environ.get("PREFECT_API_URL"):
+        fail_input(
+            "PREFECT_API_URL is not set: start a server (`.venv/bin/prefect server start`) and "
+            "export PREFECT_API_URL=http://127.0.0.1:4200/api"
+        )
+    cfg = load_or_fail(config, AuditConfig)
+    if cron is not None:
+        try:
+            cfg = AuditConfig.model_validate({**cfg.model_dump(), "schedule_cron": cron})
+        except Exception:
+            fail_input(f"--cron: {cron!r} is not a cron string; e.g. '0 3 * * *' for 03:00 daily")
+    preflight(track=True)
+    serve(*build_deployments(cfg, cfg.schedule_cron), limit=limit)

@@ -1,0 +1,96 @@
+"""Runs side by side: a polars table of chosen runs' params and headline metrics, with each
+metric's change against the first run, and a PNG of one metric across runs.
+
+Plain functions over run dicts (as :meth:`tasks.tracking.Tracker.find_runs` returns them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime, timezone
+from pathlib import Path
+
+import polars as pl
+
+#: The metrics shown when none are asked for: the audit's headline, where present.
+DEFAULT_METRICS = (
+    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "tpot_ms_mean", "e2e_ms_p50",
+    "output_tokens_per_s", "prefill_ms", "decode_tokens_per_s", "kv_cache_bytes", "error_rate",
+)
+#: Tags shown beside the metrics: what makes two runs different.
+CONTEXT_TAGS = ("model", "endpoint_kind", "endpoint_model", "git_commit", "host")
+
+
+def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None) -> pl.DataFrame:
+    """One row per run: run_id, name, start (UTC), context tags, metrics, and for each metric
+    ``<metric>_change_pct`` = (value - first run's value) / first run's value x 100.
+
+    ``metrics`` None: the default headline metrics that at least one run has.
+
+    Raises:
+        ValueError: no runs.
+    """
+    if not runs:
+        raise ValueError("no runs to compare")
+    if metrics is None:
+        metrics = [m for m in DEFAULT_METRICS if any(m in r["metrics"] for r in runs)]
+    rows = []
+    for run in runs:
+        row = {
+            "run_id": run["run_id"],
+            "name": run.get("name"),
+            "start_utc": datetime.fromtimestamp(run["start_time_ms"] / 1000, timezone.utc)
+            .strftime("%Y-%m-%d %H:%M:%S") if run.get("start_time_ms") else None,
+        }
+        row.update({tag: run["tags"].get(tag) for tag in CONTEXT_TAGS})
+        row.update({m: run["metrics"].get(m) for m in metrics})
+        rows.append(row)
+    schema = {"run_id": pl.String, "name": pl.String, "start_utc": pl.String}
+    schema.update({tag: pl.String for tag in CONTEXT_TAGS})
+    schema.update({m: pl.Float64 for m in metrics})
+    frame = pl.DataFrame(rows, schema=schema)
+    changes = []
+    for m in metrics:
+        first = frame[m][0]
+        if first is None or first == 0:
+            changes.append(pl.lit(None, dtype=pl.Float64).alias(f"{m}_change_pct"))
+        else:
+            changes.append(((pl.col(m) - first) / abs(first) * 100).alias(f"{m}_change_pct"))
+    return frame.with_columns(changes)
+
+
+def markdown_table(frame: pl.DataFrame) -> str:
+    """The frame as a GitHub markdown table (numbers to 3 decimals)."""
+    header = "| " + " | ".join(frame.columns) + " |"
+    lines = [header, "|" + " --- |" * len(frame.columns)]
+    for row in frame.iter_rows():
+        cells = ["" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)) for v in row]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_metric(frame: pl.DataFrame, metric: str, path: Path) -> Path:
+    """A bar chart of one metric across the runs (in table order), written as PNG.
+
+    Raises:
+        KeyError: the metric is not a column of the frame.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if metric not in frame.columns:
+        raise KeyError(metric)
+    labels = [f"{(n or '')[:18]}\n{r[:8]}" for n, r in zip(frame["name"], frame["run_id"])]
+    values = [v if v is not None else 0.0 for v in frame[metric]]
+    fig, ax = plt.subplots(figsize=(max(4, 1.2 * len(labels)), 4))
+    ax.bar(range(len(values)), values, color="#4C72B0")
+    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} across runs")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,123 @@
+"""PNG plots of the local profile stage (matplotlib, Agg backend: no display needed).
+
+:func:`write_profile_plots` takes the sweep's result rows (:func:`tasks.profile_sweep.run_sweep`;
+failed points are skipped) and writes four PNGs:
+
+- ``prefill_ms_vs_prompt_length.png``: prefill_ms (= local TTFT) against prompt length, a line
+  per batch size x dtype (unchunked points);
+- ``decode_ms_vs_context_position.png``: each decode step's time against the cache position it
+  writes (prompt length + step index), a line per point (unchunked);
+- ``memory_vs_sequence_length.png``: KV cache bytes measured after prefill (N positions) and
+  after decode (N + T), the GQA-aware formula, and peak memory, against positions held;
+- ``ttft_vs_prefill_chunk_size.png``: prefill_ms and peak memory against the prefill chunk size
+  (the whole prompt for no chunking), a line per prompt length x batch x dtype.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+MIB = 2**20
+
+
+def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for row in rows:
+        groups[" ".join(f"{k.split('_')[0]}={row[k]}" for k in keys)].append(row)
+    return groups
+
+
+def _save(fig, path: Path) -> Path:
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _unchunked(rows: Sequence[dict]) -> list[dict]:
+    return [r for r in rows if not r.get("prefill_chunk_size")]
+
+
+def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
+        group = sorted(group, key=lambda r: r["prompt_tokens"])
+        ax.plot([r["prompt_tokens"] for r in group], [r["prefill_ms"] for r in group], "o-", label=label)
+    ax.set_xlabel("prompt length [tokens]")
+    ax.set_ylabel("prefill_ms (local TTFT) [ms]")
+    ax.set_title("Prefill time against prompt length")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for row in _unchunked(rows):
+        start = row["prompt_tokens"]
+        positions = range(start, start + len(row["decode_ms"]))
+        ax.plot(list(positions), row["decode_ms"], ".-",
+                label=f"N={row['prompt_tokens']} B={row['batch_size']} {row['dtype']}")
+    ax.set_xlabel("context position written by the step [tokens]")
+    ax.set_ylabel("decode_ms per step [ms]")
+    ax.set_title("Decode step time against context position (median repeat)")
+    ax.legend(fontsize="small")
+    return _save(fig, path)
+
+
+def memory_vs_sequence_length(rows: Sequence[dict], path: Path) -> Path:
+    fig, ax = plt.subplots(figsize=(6.4, 4))
+    for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
+        xs, measured, formula = [], [], []
+        for r in sorted(group, key=lambda r: r["prompt_tokens"]):
+            xs += [r["kv_cache_positions_after_prefill"], r["kv_cache_positions"]]
+            measured += [r["kv_cache_bytes_after_prefill"] / MIB, r["kv_cache_bytes"] / MIB]
+            formula += [r["kv_cache_bytes_formula_after_prefill"] / MIB, r["kv_cache_bytes_formula"] / MIB]
+        line = ax.plot(xs, measured, "o", label=f"KV measured {label}")[0]
+        ax.plot(xs, formula, "-", color=line.get_color(), alpha=0.6, label=f"KV formula {label}")
+        peak = sorted(group, key=lambda r: r["kv_cache_positions"])
+        ax.plot([r["kv_cache_positions"] for r in peak], [r["peak_memory_bytes"] / MIB for r in peak],
+                "s--", color=line.get_color(), label=f"peak memory {label}")
+    ax.set_xlabel("positions held in the KV cache [tokens]")
+    ax.set_ylabel("memory [MiB]")
+    ax.set_title("KV cache and peak memory against sequence length")
+    ax.legend(fontsize="x-small")
+    return _save(fig, path)
+
+
+def ttft_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    for label, group in _group(rows, ("prompt_tokens", "batch_size", "dtype")).items():
+        group = sorted(group, key=lambda r: r.get("prefill_chunk_size") or r["prompt_tokens"])
+        xs = [r.get("prefill_chunk_size") or r["prompt_tokens"] for r in group]
+        left.plot(xs, [r["prefill_ms"] for r in group], "o-", label=label)
+        right.plot(xs, [r["peak_memory_bytes"] / MIB for r in group], "o-", label=label)
+    for ax, name in ((left, "prefill_ms (local TTFT) [ms]"), (right, "peak_memory_bytes [MiB]")):
+        ax.set_xlabel("prefill chunk size [tokens] (no chunking = prompt length)")
+        ax.set_ylabel(name)
+        ax.legend(fontsize="small")
+    fig.suptitle("Chunked prefill: TTFT and peak memory against chunk size")
+    return _save(fig, path)
+
+
+def write_profile_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """Write the four PNGs for the successful rows into ``folder``; returns their paths
+    (none when no point succeeded)."""
+    ok = [r for r in rows if not r.get("failed")]
+    if not ok:
+        return []
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    return [
+        prefill_vs_prompt_length(ok, folder / "prefill_ms_vs_prompt_length.png"),
+        decode_vs_context_position(ok, folder / "decode_ms_vs_context_position.png"),
+        memory_vs_sequence_length(ok, folder / "memory_vs_sequence_length.png"),
+        ttft_vs_chunk_size(ok, folder / "ttft_vs_prefill_chunk_size.png"),
+    ]

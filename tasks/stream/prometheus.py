@@ -1,0 +1,198 @@
+"""The server's own view of a load level, from its Prometheus ``/metrics`` endpoint.
+
+vLLM, TGI, SGLang and llama.cpp's native server (``--metrics``) expose Prometheus text at
+``<host>/metrics`` (base_url without ``/v1``). The stream stage scrapes it just before a level's
+measured requests and just after them, and logs what changed beside the client's figures:
+
+- ``server_<name>_delta``: the increase of every counter (``*_total``) and every histogram /
+  summary ``*_count`` and ``*_sum`` (samples summed over their labels);
+- ``server_<name>_mean``: ``delta(sum) / delta(count)`` of every histogram / summary, e.g.
+  vLLM's ``vllm:time_to_first_token_seconds`` -> ``server_vllm_time_to_first_token_seconds_mean``
+  (in the metric's own unit, seconds there).
+
+- ``server_<name>_p50`` / ``_p90`` / ``_p99``: quantile estimates of every histogram from the
+  level's bucket increases, interpolated linearly inside a bucket as Prometheus'
+  ``histogram_quantile`` does (so they are only as fine as the server's bucket bounds).
+
+Names are made MLflow-safe (``:`` and other characters become ``_``). A server without the
+endpoint gives None and nothing is logged. Format: Prometheus text exposition format 0.0.4.
+
+``cross_check`` then puts the server's latency histograms that have a client counterpart
+(:data:`CLIENT_COUNTERPARTS`, vLLM's names) beside the client's, in the client's unit:
+``server_ttft_ms_mean`` / ``_p50`` / ``_p90`` / ``_p99``, ``ttft_ms_mean_client_minus_server``
+(likewise ``itl_ms``, ``tpot_ms``, ``e2e_ms``, and ``server_queue_ms_*`` which has no client
+counterpart), and ``server_client_disagree`` (0/1; see :func:`cross_check`).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import urllib.error
+import urllib.request
+
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
+_UNSAFE = re.compile(r"[^A-Za-z0-9_]")
+_LE = re.compile(r'le="([^"]+)"')
+QUANTILES = (50, 90, 99)
+
+#: server histogram (seconds) -> the client's metric (ms) it estimates. vLLM V1: TTFT and E2E
+#: run from the request's arrival in the server (queue included), ITL is every gap between
+#: output tokens, request_time_per_output_token is TPOT. The queue time has no client figure.
+CLIENT_COUNTERPARTS = {
+    "vllm:time_to_first_token_seconds": "ttft_ms",
+    "vllm:inter_token_latency_seconds": "itl_ms",
+    "vllm:request_time_per_output_token_seconds": "tpot_ms",
+    "vllm:e2e_request_latency_seconds": "e2e_ms",
+    "vllm:request_queue_time_seconds": "queue_ms",
+}
+#: What the network, HTTP and SSE framing between server and client may add to a mean, before
+#: a client is flagged: this many ms plus this fraction of the server's mean plus the client's
+#: event-loop lag p99. Client figures *below* the server's are as suspect (e.g. a client that
+#: starts TTFT's clock late or counts a role-only chunk as the first token).
+AGREEMENT_TOLERANCE_MS = 25.0
+AGREEMENT_TOLERANCE_FRACTION = 0.10
+
+
+def metrics_url(base_url: str) -> str:
+    """``http://h:8000/v1`` -> ``http://h:8000/metrics``."""
+    root = base_url.rstrip("/")
+    if root.endswith("/v1"):
+        root = root[: -len("/v1")]
+    return f"{root}/metrics"
+
+
+def parse(text: str) -> dict[str, float]:
+    """Sample values of a Prometheus text page, summed over labels per metric name.
+
+    A histogram's cumulative buckets are kept per bound, under the series name
+    ``NAME_bucket{le="BOUND"}`` (summed over the other labels). Comment lines and values that
+    are not finite are skipped.
+    """
+    totals: dict[str, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        match = _SAMPLE.match(line)
+        if not match:
+            continue
+        name = match.group(1)
+        if name.endswith("_bucket"):
+            bound = _LE.search(match.group(2) or "")
+            if not bound:
+                continue
+            name = f'{name}{{le="{bound.group(1)}"}}'
+        try:
+            value = float(match.group(3))
+        except ValueError:
+            continue
+        if math.isfinite(value):
+            totals[name] = totals.get(name, 0.0) + value
+    return totals
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The q-quantile (0..1) of a histogram given as ``{upper bound: cumulative count}``
+    (``inf`` for ``+Inf``), interpolated linearly inside the bucket that holds it (from 0 for
+    the first bucket); a quantile in the ``+Inf`` bucket is the highest finite bound.
+    None for an empty histogram. Source: Prometheus ``histogram_quantile``."""
+    bounds = sorted(buckets)
+    if not bounds or buckets[bounds[-1]] <= 0:
+        return None
+    rank = q * buckets[bounds[-1]]
+    lower, below = 0.0, 0.0
+    for bound in bounds:
+        count = buckets[bound]
+        if count >= rank:
+            if math.isinf(bound):
+                return lower
+            if count == below:
+                return bound
+            return lower + (bound - lower) * (rank - below) / (count - below)
+        lower, below = bound, count
+    return lower
+
+
+def _level_buckets(before: dict[str, float], after: dict[str, float]) -> dict[str, dict[float, float]]:
+    out: dict[str, dict[float, float]] = {}
+    for series, value in after.items():
+        if "_bucket{" not in series or series not in before:
+            continue
+        name, _, rest = series.partition("_bucket{")
+        bound = float(_LE.search("{" + rest).group(1))  # "+Inf" -> inf
+        out.setdefault(name, {})[bound] = value - before[series]
+    return out
+
+
+def scrape(base_url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, float] | None:
+    """The server's metrics now, or None when it has no Prometheus endpoint (any HTTP error,
+    a connection failure, or a page that is not Prometheus text)."""
+    request = urllib.request.Request(metrics_url(base_url))
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            if response.status != 200:
+                return None
+            text = response.read(8_000_000).decode("utf-8", "replace")
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+    values = parse(text)
+    return values or None
+
+
+def level_view(before: dict[str, float] | None, after: dict[str, float] | None) -> dict[str, float]:
+    """``server_*_delta`` and ``server_*_mean`` figures of a level (see the module docstring);
+    empty when either scrape is missing."""
+    if not before or not after:
+        return {}
+    out: dict[str, float] = {}
+    for name, value in after.items():
+        if name not in before or not name.endswith(("_total", "_count", "_sum")):
+            continue
+        out[f"server_{_UNSAFE.sub('_', name)}_delta"] = value - before[name]
+    for name in after:
+        if name.endswith("_count") and name in before:
+            base = name[: -len("_count")]
+            count = after[name] - before[name]
+            if f"{base}_sum" in after and f"{base}_sum" in before and count > 0:
+                total = after[f"{base}_sum"] - before[f"{base}_sum"]
+                out[f"server_{_UNSAFE.sub('_', base)}_mean"] = total / count
+    for base, buckets in _level_buckets(before, after).items():
+        for q in QUANTILES:
+            value = histogram_quantile(q / 100, buckets)
+            if value is not None:
+                out[f"server_{_UNSAFE.sub('_', base)}_p{q}"] = value
+    return out
+
+
+def cross_check(metrics: dict[str, float]) -> dict[str, float]:
+    """The server's latency figures beside the client's, from a level's metrics (the client's
+    ``ttft_ms_mean`` etc. from ``tasks.stats.aggregate_level`` plus :func:`level_view`'s).
+
+    Returns ``server_<m>_mean`` / ``_p50`` / ``_p90`` / ``_p99`` in ms for each histogram of
+    :data:`CLIENT_COUNTERPARTS` the server sent, ``<m>_mean_client_minus_server`` where the
+    client has the figure, and ``server_client_disagree``: 1 when the client's TTFT or E2E mean
+    differs from the server's by more than ``AGREEMENT_TOLERANCE_MS`` +
+    ``AGREEMENT_TOLERANCE_FRACTION`` x the server's mean + the client's event-loop lag p99, in
+    either direction, else 0. Empty when the server sent none of them.
+    """
+    out: dict[str, float] = {}
+    disagree = 0
+    lag_ms = metrics.get("client_loop_lag_ms_p99") or 0.0
+    for server_name, client_name in CLIENT_COUNTERPARTS.items():
+        safe = f"server_{_UNSAFE.sub('_', server_name)}"
+        for stat in ("mean", *(f"p{q}" for q in QUANTILES)):
+            if f"{safe}_{stat}" in metrics:
+                out[f"server_{client_name}_{stat}"] = metrics[f"{safe}_{stat}"] * 1000.0
+        server_mean, client_mean = out.get(f"server_{client_name}_mean"), metrics.get(f"{client_name}_mean")
+        if server_mean is None or client_mean is None:
+            continue
+        difference = client_mean - server_mean
+        out[f"{client_name}_mean_client_minus_server"] = difference
+        explained = AGREEMENT_TOLERANCE_MS + AGREEMENT_TOLERANCE_FRACTION * server_mean + lag_ms
+        if client_name in ("ttft_ms", "e2e_ms") and abs(difference) > explained:
+            disagree = 1
+    if out:
+        out["server_client_disagree"] = disagree
+    return out

@@ -1,0 +1,94 @@
+"""The profiler on a GPU: arch: presets (SmolLM2-135M and Llama-2-7B shapes, random weights,
+bfloat16), prompt 512 and 4096, batch 1 and 8; prints one table.
+
+Needs only torch and transformers (plus this repository's tasks/ modules, which import nothing
+else): no prefect, mlflow or polars, no model download. Each point is checked against the free
+GPU memory before it is allocated; a point that does not fit is a FAILED row.
+
+    python tests/benchmarks/gpu_check.py                 # the full check, on CUDA
+    python tests/benchmarks/gpu_check.py --smoke         # tiny: 2-layer slices, short prompts, CPU ok
+    python tests/benchmarks/gpu_check.py --json out.json # also the full points as JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tasks.profile_sweep import run_sweep, sweep_points  # noqa: E402
+
+PRESETS = ("smollm2-135m", "llama-2-7b")
+COLUMNS = (
+    ("model", "{}"), ("N", "{}"), ("B", "{}"), ("prefill_ms", "{:.2f}"),
+    ("prefill_tok/s", "{:.0f}"), ("decode_ms_p50", "{:.2f}"), ("decode_tok/s", "{:.1f}"),
+    ("weights_GiB", "{:.2f}"), ("kv_MiB", "{:.1f}"), ("kv_formula_MiB", "{:.1f}"),
+    ("peak_GiB", "{:.2f}"), ("bw_GB/s", "{:.0f}"),
+)
+
+
+def _row(point: dict) -> list[str]:
+    name = point["model"].removeprefix("arch:")
+    if point["failed"]:
+        return [name, str(point["prompt_tokens"]), str(point["batch_size"]), "FAILED: " + point["error"][:90]]
+    gib = 2**30
+    values = [
+        name, point["prompt_tokens"], point["batch_size"], point["prefill_ms"],
+        point["prefill_tokens_per_s"], point["decode_ms_p50"], point["decode_tokens_per_s"],
+        point["weights_bytes"] / gib, point["kv_cache_bytes"] / 2**20,
+        point["kv_cache_bytes_formula"] / 2**20, point["peak_memory_bytes"] / gib,
+        point["decode_bandwidth_gb_per_s"],
+    ]
+    return [("n/a" if v is None else fmt.format(v)) for v, (_, fmt) in zip(values, COLUMNS)]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Profile arch: presets on a GPU; one table.")
+    parser.add_argument("--smoke", action="store_true", help="2-layer slices, prompts 32/64, batch 1/2")
+    parser.add_argument("--device", default="auto")
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--repeats", type=int, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    prompts, batches = ([32, 64], [1, 2]) if args.smoke else ([512, 4096], [1, 8])
+    steps = args.max_new_tokens or (4 if args.smoke else 32)
+    repeats = args.repeats or (1 if args.smoke else 3)
+    layers = 2 if args.smoke else None
+    started = time.time()
+    rows, points = [], []
+    for preset in PRESETS:
+        result = run_sweep(
+            f"arch:{preset}", sweep_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
+            repeats=repeats, warmup=1, device=args.device, num_layers=layers,
+            on_point=lambda i, n, p: print(f"  {p['model']} N={p['prompt_tokens']} "
+                                           f"B={p['batch_size']} done", file=sys.stderr),
+        )
+        points += result
+        rows += [_row(p) for p in result]
+
+    device = points[0]["device"] if points else args.device
+    name = next((p["device_name"] for p in points if not p["failed"]), platform.processor())
+    print(f"gpu_check {'--smoke ' if args.smoke else ''}on {device} ({name}), torch "
+          f"{torch.__version__}, bfloat16, random weights, {steps} decode steps, {repeats} repeats "
+          f"+ 1 warm-up{', 2-layer slices' if layers else ''}; {time.strftime('%Y-%m-%d')}; "
+          f"{time.time() - started:.0f} s")
+    widths = [max(len(c[0]), *(len(r[i]) for r in rows if i < len(r))) for i, c in enumerate(COLUMNS)]
+    print(" | ".join(c[0].rjust(w) for c, w in zip(COLUMNS, widths)))
+    print("-+-".join("-" * w for w in widths))
+    for r in rows:
+        print(" | ".join(v.rjust(w) for v, w in zip(r, widths)) if len(r) == len(COLUMNS) else " | ".join(r))
+    if args.json:
+        args.json.write_text(json.dumps(points, indent=1, default=str), encoding="utf-8")
+    return 1 if any(p["failed"] for p in points) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

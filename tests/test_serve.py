@@ -1,0 +1,139 @@
+"""`infermeter serve` against a real Prefect server and a real MLflow tracking server: the
+deployments' typed parameter forms, and a run launched through the REST API with overridden
+parameters landing in MLflow with exactly those parameters."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+BIN = Path(sys.executable).parent / "infermeter"
+
+
+def _api(base, path, body=None):
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data else "GET",
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=30) as response:
+        return json.load(response)
+
+
+@pytest.fixture(scope="module")
+def served(prefect_api, mlflow_server, tmp_path_factory):
+    logs = tmp_path_factory.mktemp("serve")
+    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_server[0],
+           "INFERMETER_WORK_DIR": str(logs / "work")}
+    log = open(logs / "serve.log", "wb")
+    proc = subprocess.Popen([str(BIN), "serve", "--config", "configs/smoke.yaml"], env=env,
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=Path(__file__).resolve().parent.parent)
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline:
+            assert proc.poll() is None, (logs / "serve.log").read_text()[-3000:]
+            names = [d["name"] for d in _api(prefect_api, "/deployments/filter", {})]
+            if "audit" in names:
+                break
+            time.sleep(1)
+        else:
+            pytest.fail("deployments never appeared: " + (logs / "serve.log").read_text()[-3000:])
+        yield prefect_api, mlflow_server[0], logs
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=60)
+
+
+def test_audit_deployment_renders_a_typed_form(served):
+    api, _, _ = served
+    deployment = _api(api, "/deployments/name/audit/audit")
+    schema = deployment["parameter_openapi_schema"]
+    assert "config" in schema["properties"]
+    definitions = schema.get("definitions") or schema.get("$defs")
+    stream = definitions["StreamConfig"]["properties"]
+    assert stream["max_concurrency"]["description"] == "Concurrency levels."
+    assert definitions["SweepConfig"]["properties"]["samples"]["description"].startswith("Samples per point")
+    # the served config's values are the form's defaults
+    assert deployment["parameters"]["config"]["name"] == "audit-smoke"
+
+
+def test_run_with_overridden_parameters_lands_in_mlflow(served):
+    from mlflow.tracking import MlflowClient
+
+    api, tracking_uri, logs = served
+    deployment = _api(api, "/deployments/name/audit/audit")
+    config = {
+        "name": "served-audit",
+        "tokenize": {"prompts": ["hello world", "smart"]},
+        "profile": {"enabled": False}, "stream": {"enabled": False}, "sweep": {"enabled": False},
+        "tracking": {"experiment": "served"},
+    }
+    flow_run = _api(api, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"config": config}})
+    deadline = time.monotonic() + 420
+    while time.monotonic() < deadline:
+        state = _api(api, f"/flow_runs/{flow_run['id']}")["state"]["type"]
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            break
+        time.sleep(2)
+    assert state == "COMPLETED", (logs / "serve.log").read_text()[-4000:]
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("served")
+    runs = client.search_runs([experiment.experiment_id], filter_string="tags.flow = 'audit'")
+    assert len(runs) == 1
+    run = runs[0]
+    assert run.info.run_name == "served-audit"
+    assert run.data.params["tokenize.prompts"] == '["hello world","smart"]'
+    assert run.data.params["stream.enabled"] == "false"
+    assert run.data.tags["prefect_flow_run_id"] == flow_run["id"]
+    assert run.data.metrics["token_count_model_total"] == 3  # 'hello world' = 2, 'smart' = 1
+
+
+CHROMIUM = "/usr/bin/chromium"
+SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
+
+
+def _browse(url: str, tmp_path: Path, screenshot: Path | None = None) -> str:
+    """Headless Chromium: the DOM of `url` after 8 s of virtual time (and a screenshot)."""
+    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", "--no-first-run",
+             "--virtual-time-budget=8000", "--window-size=1400,1000"]
+    profile = tmp_path / f"chrome-{len(list(tmp_path.iterdir()))}"
+    dom = subprocess.run([*flags, f"--user-data-dir={profile}", "--dump-dom", url],
+                         capture_output=True, text=True, timeout=120).stdout
+    if screenshot is not None:
+        screenshot.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run([*flags, f"--user-data-dir={profile}-shot", f"--screenshot={screenshot}", url],
+                       capture_output=True, timeout=120)
+    return dom
+
+
+@pytest.mark.skipif(not Path(CHROMIUM).exists(),
+                    reason="needs Debian's chromium: apt-get install -y chromium (.ci/run does)")
+def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    api, tracking_uri, _ = served
+    client = MlflowClient(tracking_uri=tracking_uri)
+    experiment = client.get_experiment_by_name("served")
+    if experiment is None:  # this test run alone: make a run to look at
+        from tasks.tracking import Tracker
+
+        tracker = Tracker("served", tracking_uri)
+        tracker.end_run(tracker.start_run("served-audit"))
+        experiment = client.get_experiment_by_name("served")
+    dom = _browse(f"{tracking_uri}/#/experiments/{experiment.experiment_id}/runs", tmp_path,
+                  SCREENSHOTS / "mlflow_experiment.png")
+    assert "served-audit" in dom
+
+    deployment = _api(api, "/deployments/name/audit/audit")
+    ui = api.removesuffix("/api")
+    dom = _browse(f"{ui}/deployments/deployment/{deployment['id']}/run", tmp_path,
+                  SCREENSHOTS / "prefect_deployment_form.png")
+    for field in ("tokenize", "profile", "stream", "sweep", "regression"):
+        assert field in dom.lower(), f"form field {field} not rendered"
+    assert (SCREENSHOTS / "prefect_deployment_form.png").stat().st_size > 10_000

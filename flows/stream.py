@@ -2,11 +2,12 @@
 
 The flow: open the endpoint (the configured base_url, or the embedded llama.cpp server started
 for the run and stopped after it), run the stream stage (``tasks.pipeline.stream_stage``, the
-same task the audit's remote stage runs) under one MLflow parent run, log its headline on the
-parent. MLflow: parent run -> ``stream`` child -> one child per load level.
+same task the audit's remote stage runs) under one MLflow parent run (``flows.stage_runs``), log
+its headline and summary.md on the parent. MLflow: parent run -> ``stream`` child -> one child per load level.
 
-The command builds the config from YAML (``--config``, an audit-shaped file; only its
-``stream``, ``endpoint``, ``server`` and ``tracking`` parts are used) and the flags, checks what
+The command builds the config from YAML (``--config``: stream-shaped, ``StreamFlowConfig``, or
+audit-shaped, whose ``stream``, ``endpoint``, ``server`` and ``tracking`` parts are used) and
+the flags, checks what
 can be checked before any request (exit 2, one line), runs the flow, writes ``--json``
 (``{"levels": [{"max_concurrency", "request_rate", "metrics", "requests"}], "mlflow_run_id"}``)
 and prints one table row per level.
@@ -28,53 +29,51 @@ from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, parse_list,
     parse_slos, rate, write_json,
 )
-from tasks.config import AuditConfig
+from tasks.config import AuditConfig, StreamFlowConfig
 
 # tasks.pipeline (torch, openai, matplotlib) and flows.audit are imported inside the functions
 # that run the flow, so `infermeter --help` and input errors stay fast.
 
-_SECTIONS = ("stream", "endpoint", "server", "tracking")
-
-
-def run_stream(config: AuditConfig, track: bool = True) -> dict:
+def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "mlflow_run_id", "workdir", "error"}``
     (``error`` is None, or the message of the failure that ended the run early)."""
-    from flows.audit import _prefect_tags, new_workdir
+    from flows.audit import new_workdir
+    from flows.stage_runs import finish_parent, start_parent
+    from tasks import report
     from tasks.endpoint import open_endpoint
-    from tasks.environment import environment_tags
     from tasks.pipeline import stream_stage
-    from tasks.tracking import TrackingTarget, flatten_params
+    from tasks.tracking import TrackingTarget
 
     logger = get_run_logger()
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tracker = target.open()
-    parent = tracker.start_run(f"{config.name}-stream" if config.name != "audit" else "stream", tags={
-        **environment_tags(), **_prefect_tags(), "flow": "stream",
+    tracker, parent = start_parent(target, config.name, "stream", config, {
+        "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
     })
-    used = config.model_dump(mode="json", include=set(_SECTIONS))
-    tracker.log_params(parent, flatten_params(used))
-    tracker.log_dict(parent, used, "config.yaml")
     workdir = new_workdir("stream")
     logger.info("MLflow run %s; records in %s", parent, workdir)
     result: dict = {"levels": [], "headline": {}, "error": None}
+    kind = None
     try:
         with open_endpoint(config.endpoint, config.server) as endpoint:
+            kind = endpoint.server_kind
             tracker.set_tags(parent, endpoint.identity())
             stage = stream_stage(config.stream, endpoint, target, parent, str(workdir))
         result.update(levels=stage["levels"], headline=stage["headline"])
-        tracker.log_metrics(parent, stage["headline"])
     except Exception as exc:  # the records written so far stay in workdir and MLflow
         result["error"] = f"{type(exc).__name__}: {exc}"
-        tracker.set_tags(parent, {"error": result["error"][:500]})
         logger.error("stream failed: %s", result["error"])
-    tracker.end_run(parent, "FAILED" if result["error"] else "FINISHED")
+    stages = {"stream": {"levels": result["levels"], "headline": result["headline"]}}
+    summary = report.summary_markdown(
+        stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {},
+        kind)
+    finish_parent(tracker, parent, result["headline"], result["error"], summary)
     return {**result, "mlflow_run_id": parent, "workdir": str(workdir),
             "ui_command": tracker.ui_command() if parent else None}
 
 
 @flow(name="stream", log_prints=True)
-def stream(config: AuditConfig = AuditConfig(), track: bool = True):
+def stream(config: StreamFlowConfig = StreamFlowConfig(), track: bool = True):
     """Stream from an endpoint under a concurrency x request-rate sweep (TTFT, ITL, TPOT, E2E)."""
     result = run_stream(config, track)
     if result["error"]:
@@ -82,7 +81,24 @@ def stream(config: AuditConfig = AuditConfig(), track: bool = True):
     return Completed(data=result)
 
 
-def _check_endpoint(cfg: AuditConfig) -> None:
+def load_stream_config(path: Path | None) -> StreamFlowConfig:
+    """A stream-shaped YAML (stream, endpoint, server, tracking, name), or an audit-shaped one
+    (its stream / endpoint / server / tracking parts are used). Exits 2 with one line on error."""
+    if path is not None and path.is_file():
+        import yaml
+
+        try:
+            data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError:
+            data = None
+        if isinstance(data, dict) and set(data) - set(StreamFlowConfig.model_fields):
+            audit = load_or_fail(path, AuditConfig)
+            return StreamFlowConfig(stream=audit.stream, endpoint=audit.endpoint,
+                                    server=audit.server, tracking=audit.tracking)
+    return load_or_fail(path, StreamFlowConfig)
+
+
+def _check_endpoint(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
     named key variable that is not set (its value is never printed)."""
     endpoint = cfg.endpoint
@@ -138,12 +154,12 @@ def command(
     input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")] = None,
     output_len: Annotated[Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")] = None,
     client_processes: Annotated[Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="YAML config (audit-shaped; its stream/endpoint/server/tracking parts).")] = None,
+    config: Annotated[Optional[Path], typer.Option(help="YAML config: stream-shaped (stream, endpoint, server, tracking) or an audit config.")] = None,
     json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result here.")] = None,
     no_track: Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")] = False,
 ) -> None:
     """Stream from an endpoint: TTFT / ITL / TPOT / E2E per request, under load levels."""
-    cfg = load_or_fail(config, AuditConfig)
+    cfg = load_stream_config(config)
     if input_len is not None and (prompt or prompts):
         fail_input("--input-len: synthetic prompts replace --prompt/--prompts; give one of them")
     cfg = apply_overrides(cfg, "endpoint", {
@@ -174,7 +190,8 @@ def command(
         console.print(f"MLflow run: {result['mlflow_run_id']}")
         console.print(f"Open the UI: {result['ui_command']}")
     if result["error"]:
-        typer.echo(f"stream failed: {result['error']}", err=True)
+        typer.echo(f"stream failed: {result['error']}; the requests finished before it are in "
+                   f"{Path(result['workdir']) / 'requests.jsonl'}", err=True)
         raise typer.Exit(1)
     measured = [r for lv in result["levels"] for r in lv["requests"] if not r["warmup"]]
     if measured and all(r["error"] is not None for r in measured):

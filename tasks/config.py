@@ -322,6 +322,16 @@ class SweepConfig(_Strict):
         return value
 
 
+class StreamFlowConfig(_Strict):
+    """The remote stream stage alone (`infermeter stream`): the stage plus where it streams from."""
+
+    name: str = Field("stream", min_length=1, description="Run name shown in MLflow and Prefect.")
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+
 class SweepFlowConfig(_Strict):
     """The sampling sweep alone (`infermeter sweep`): the sweep plus where it runs."""
 

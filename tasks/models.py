@@ -294,7 +294,11 @@ def model_config(spec: str, num_layers: int | None = None):
     if source.kind != "arch":
         if num_layers is not None:
             raise ModelSourceError(f"model {spec!r}: num_layers applies to arch: sources only")
-        return AutoConfig.from_pretrained(hf_folder(source))
+        try:
+            return AutoConfig.from_pretrained(hf_folder(source))
+        except (OSError, ValueError) as exc:  # a hub id with no hub reachable, a bad folder
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ModelSourceError(f"model {spec!r}: cannot read its config: {first}") from None
     if source.location in ARCH_PRESETS:
         values = dict(ARCH_PRESETS[source.location])
         values.pop("default_dtype")

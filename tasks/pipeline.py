@@ -148,7 +148,8 @@ def profile_stage(
         ProfileSweepFailed: no point succeeded (its ``points`` say why each failed).
     """
     from tasks.profile_plots import write_profile_plots
-    from tasks.profile_sweep import point_label, run_sweep, sweep_points
+    from tasks import profile_sweep
+    from tasks.profile_sweep import point_label, run_sweep
     from tasks.models import default_dtype, resolve
 
     source = resolve(cfg.model)
@@ -157,7 +158,9 @@ def profile_stage(
         dtypes = cfg.dtypes or [default_dtype(cfg.model)]
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
         run.tracker.set_tags(run.run_id, {"device": device, "dtypes": ",".join(dtypes), "model": cfg.model})
-        points = sweep_points(cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes)
+        points = profile_sweep.sweep_points(
+            cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes
+        )
         bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
 
         def on_point(index: int, total: int, row: dict) -> None:
@@ -275,7 +278,7 @@ def stream_stage(
                     if r.succeeded and r.output_tokens is not None and r.output_tokens < max_tokens
                 )
                 metrics["num_short_outputs"] = short
-                if short and cfg.output_len:
+                if short and (cfg.output_len or cfg.ignore_eos):
                     logger.warning(
                         "level %d: %d of %d requests returned fewer than %d output tokens "
                         "although ignore_eos was sent (the server may not take it)",
@@ -345,6 +348,14 @@ async def _stream_level(endpoint: Endpoint, key: str, level_args: dict):
         await client.close()
 
 
+#: The per-point figures of ``tasks.sweep.point_metrics`` carried into each point's result.
+SWEEP_METRICS = (
+    "num_samples", "num_samples_failed", "identical_fraction", "distinct_1", "distinct_2",
+    "output_tokens_mean", "output_tokens_std", "ttft_ms_mean", "e2e_ms_mean",
+    "determinism_violated",
+)
+
+
 def sweep_points(cfg: SweepConfig) -> list[SweepPoint]:
     """The sweep's points: the explicit ``points`` when given (unset seed / max_tokens = the
     sweep's; top_p / top_k unset = not sent), else the grid temperature x top_p x top_k with
@@ -360,6 +371,19 @@ def sweep_points(cfg: SweepConfig) -> list[SweepPoint]:
         ]
     return grid(cfg.temperature, cfg.top_p, cfg.top_k, seed=cfg.seed, max_tokens=cfg.max_tokens,
                 extra_body=cfg.extra_body)
+
+
+def local_identity(spec: str) -> dict[str, str]:
+    """What identifies a local (transformers) sweep target across runs, in the keys of
+    ``Endpoint.identity``: kind, model name, and the GGUF file's hash when there is one."""
+    from tasks.models import resolve
+
+    source = resolve(spec)
+    ident = {"endpoint_kind": "local-transformers", "endpoint_model": source.name}
+    digest = source.file_sha256()
+    if digest:
+        ident["endpoint_model_sha256"] = digest
+    return ident
 
 
 @task(name="sweep", **STAGE)

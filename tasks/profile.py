@@ -244,6 +244,28 @@ def _warmup_and_runs(model, input_ids, max_new_tokens: int, warmup: int, repeats
     return warmup_prefill_ms, runs
 
 
+def _last_hidden_state_shape(model, input_ids: torch.Tensor, chunk: int) -> list[int]:
+    """[B, N, hidden] of the last hidden state, from untimed forwards with
+    output_hidden_states=True; chunked like the prefill (through a cache) when ``chunk`` > 0, so
+    this extra pass never needs more activation memory than the measured one."""
+    from transformers import DynamicCache
+
+    n = input_ids.shape[1]
+    step = chunk if 0 < chunk < n else n
+    cache = DynamicCache(config=model.config)
+    rows = 0
+    for start in range(0, n, step):
+        out = model(
+            input_ids=input_ids[:, start : start + step], past_key_values=cache, use_cache=True,
+            output_hidden_states=True, logits_to_keep=1,
+        )
+        batch, length, hidden = out.hidden_states[-1].shape
+        rows += length
+        del out
+    del cache
+    return [int(batch), int(rows), int(hidden)]
+
+
 def _median_index(values: list[float]) -> int:
     """Index of the (lower) median element of ``values``."""
     order = sorted(range(len(values)), key=values.__getitem__)
@@ -400,11 +422,7 @@ def profile_point(
             peak_memory_bytes, baseline, reserved = rss.peak_delta_bytes, rss.baseline_bytes, None
             source = "rss_sampler_delta"
 
-        hidden_out = model(
-            input_ids=input_ids, output_hidden_states=True, use_cache=False, logits_to_keep=1
-        )
-        last_hidden_state_shape = list(hidden_out.hidden_states[-1].shape)
-        del hidden_out
+        last_hidden_state_shape = _last_hidden_state_shape(model, input_ids, prefill_chunk_size)
 
     prefill_runs = [r["prefill_ms"] for r in runs]
     prefill_ms = percentile(prefill_runs, 50)

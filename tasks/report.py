@@ -13,6 +13,10 @@ CAVEATS = [
     "The embedded llama.cpp server answers one request at a time (no continuous batching): at "
     "concurrency above 1 its TTFT is mostly queueing time, not prefill.",
 ]
+VLLM_CAVEATS = [
+    "The local profile runs the model in float32 in transformers; the embedded vLLM server runs "
+    "the same weights in bfloat16 with its own kernels. Their latencies are not comparable.",
+]
 
 
 def headline(stages: dict[str, dict]) -> dict[str, float | int | None]:
@@ -69,6 +73,6 @@ def summary_markdown(
                 f"{_fmt(p['distinct_2'])} | {_fmt(p['output_tokens_mean'])} | "
                 f"{p['determinism_violated']} |"
             )
-    caveats = CAVEATS if endpoint_kind == "llama.cpp" else CAVEATS[:1]
+    caveats = {"llama.cpp": CAVEATS, "vllm": VLLM_CAVEATS}.get(endpoint_kind, CAVEATS[:1])
     lines += ["", "## Read with care", ""] + [f"- {c}" for c in caveats]
     return "\n".join(lines) + "\n"

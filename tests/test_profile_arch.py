@@ -153,10 +153,10 @@ def smollm2():
 
 def test_smollm2_kv_bytes_equal_the_formula_and_shapes():
     rows = run_sweep(
-        "gguf:default", sweep_points([16], [1, 2], ["float32"], [0, 8]), max_new_tokens=3,
+        "gguf:default", sweep_points([16], [2], ["float32"], [0, 8]), max_new_tokens=3,
         repeats=1, warmup=0, device="cpu",
     )
-    assert [(r["batch_size"], r["prefill_chunk_size"]) for r in rows] == [(1, 0), (1, 8), (2, 0), (2, 8)]
+    assert [(r["batch_size"], r["prefill_chunk_size"]) for r in rows] == [(2, 0), (2, 8)]
     for row in rows:
         assert not row["failed"], row["error"]
         b = row["batch_size"]
@@ -169,7 +169,6 @@ def test_smollm2_kv_bytes_equal_the_formula_and_shapes():
     assert rows[1]["prefill_chunks"] == 2 and rows[0]["prefill_chunks"] == 1
     # chunked prefill writes the same tokens as one forward
     assert rows[0]["generated_token_ids"] == rows[1]["generated_token_ids"]
-    assert rows[2]["generated_token_ids"] == rows[3]["generated_token_ids"]
 
 
 @pytest.mark.parametrize("chunk", [3, 8, 19])

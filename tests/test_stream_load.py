@@ -353,7 +353,8 @@ def test_command_bad_input_exits_2_with_one_line(tmp_path, args, needle) -> None
 def test_command_json_against_the_instrument(server, tmp_path) -> None:
     (tmp_path / "prompts.txt").write_text("one\ntwo\n", encoding="utf-8")
     out = tmp_path / "out.json"
-    result = _cli(["--base-url", server.base_url, "--model", "hold", "--prompts",
+    smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"  # audit-shaped
+    result = _cli(["--config", str(smoke), "--base-url", server.base_url, "--model", "hold", "--prompts",
                    str(tmp_path / "prompts.txt"), "--max-concurrency", "1,2", "--request-rate",
                    "inf", "--num-requests", "2", "--warmup", "1", "--no-track", "--json", str(out)],
                   tmp_path, env={"INFERMETER_TEST_KEY": "sk-should-not-leak"})

@@ -9,6 +9,7 @@ healthy) need no running server.
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import time
@@ -36,6 +37,52 @@ needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"{MISSING} (then re
 def _descendants() -> set[int]:
     return {p.pid for p in psutil.Process().children(recursive=True)
             if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+
+
+# The server-side cross-check (no server needed) ------------------------------------------------
+
+
+def test_histogram_quantiles_from_a_levels_bucket_increases() -> None:
+    from tasks.stream.prometheus import histogram_quantile, level_view, parse
+
+    def page(counts):
+        bounds = ("0.1", "0.2", "+Inf")
+        lines = [f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{b}",model_name="m"}} {c}'
+                 for b, c in zip(bounds, counts)]
+        return "\n".join(lines + [f"vllm:time_to_first_token_seconds_count {counts[-1]}",
+                                   f"vllm:time_to_first_token_seconds_sum {counts[-1] * 0.15}"])
+
+    buckets = {0.1: 2.0, 0.2: 6.0, math.inf: 8.0}
+    assert histogram_quantile(0.5, buckets) == pytest.approx(0.15)  # 0.1 + 0.1 x (4-2)/(6-2)
+    assert histogram_quantile(0.25, buckets) == pytest.approx(0.1)
+    assert histogram_quantile(0.1, buckets) == pytest.approx(0.04)  # first bucket: from 0, 0.8 of 2
+    assert histogram_quantile(0.99, buckets) == 0.2  # in +Inf: the highest finite bound
+    assert histogram_quantile(0.5, {0.1: 0.0, math.inf: 0.0}) is None
+    # a level sees only its own increase: 3 + 5 earlier observations are subtracted
+    view = level_view(parse(page([3, 5, 5])), parse(page([5, 11, 13])))
+    assert view["server_vllm_time_to_first_token_seconds_p50"] == pytest.approx(0.15)
+    assert view["server_vllm_time_to_first_token_seconds_count_delta"] == 8
+
+
+def test_cross_check_flags_a_client_the_server_contradicts() -> None:
+    from tasks.stream.prometheus import cross_check
+
+    server = {"server_vllm_time_to_first_token_seconds_mean": 0.100,
+              "server_vllm_time_to_first_token_seconds_p50": 0.090,
+              "server_vllm_e2e_request_latency_seconds_mean": 2.0}
+    agree = cross_check({**server, "ttft_ms_mean": 104.0, "e2e_ms_mean": 2010.0})
+    assert agree["server_ttft_ms_mean"] == pytest.approx(100.0)
+    assert agree["server_ttft_ms_p50"] == pytest.approx(90.0)
+    assert agree["ttft_ms_mean_client_minus_server"] == pytest.approx(4.0)
+    assert agree["server_client_disagree"] == 0
+    # a client that starts the clock late or counts a role-only chunk reads TTFT below the
+    # server's own: flagged (tolerance 25 ms + 10 % of 100 ms)
+    assert cross_check({**server, "ttft_ms_mean": 60.0, "e2e_ms_mean": 2010.0})["server_client_disagree"] == 1
+    assert cross_check({**server, "ttft_ms_mean": 140.0, "e2e_ms_mean": 2010.0})["server_client_disagree"] == 1
+    # ... unless the client's own loop lag explains it
+    lagged = {**server, "ttft_ms_mean": 140.0, "e2e_ms_mean": 2010.0, "client_loop_lag_ms_p99": 10.0}
+    assert cross_check(lagged)["server_client_disagree"] == 0
+    assert cross_check({"ttft_ms_mean": 50.0}) == {}  # no /metrics: nothing to compare
 
 
 # Life cycle -----------------------------------------------------------------------------------

@@ -62,35 +62,43 @@ def test_audit_deployment_renders_a_typed_form(served):
     assert deployment["parameters"]["config"]["name"] == "audit-smoke"
 
 
-def test_run_with_overridden_parameters_lands_in_mlflow(served):
+def _wait_for(api, flow_run_id, logs, timeout_s=420):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = _api(api, f"/flow_runs/{flow_run_id}")["state"]["type"]
+        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
+            return state
+        time.sleep(2)
+    return "TIMEOUT: " + (logs / "serve.log").read_text()[-4000:]
+
+
+def test_sweep_run_with_overridden_parameters_lands_in_mlflow(served):
     from mlflow.tracking import MlflowClient
 
     api, tracking_uri, logs = served
-    deployment = _api(api, "/deployments/name/audit/audit")
+    deployment = _api(api, "/deployments/name/sweep/sweep")
+    assert "config" in deployment["parameter_openapi_schema"]["properties"]
     config = {
-        "name": "served-audit",
-        "tokenize": {"prompts": ["hello world", "smart"]},
-        "profile": {"enabled": False}, "stream": {"enabled": False}, "sweep": {"enabled": False},
+        "name": "served-sweep",
+        "sweep": {"prompt": "Name a colour.", "temperature": [0.0], "top_p": [1.0, 0.5],
+                  "samples": 2, "max_tokens": 4, "seed": 7},
         "tracking": {"experiment": "served"},
     }
     flow_run = _api(api, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"config": config}})
-    deadline = time.monotonic() + 420
-    while time.monotonic() < deadline:
-        state = _api(api, f"/flow_runs/{flow_run['id']}")["state"]["type"]
-        if state in ("COMPLETED", "FAILED", "CRASHED", "CANCELLED"):
-            break
-        time.sleep(2)
-    assert state == "COMPLETED", (logs / "serve.log").read_text()[-4000:]
+    state = _wait_for(api, flow_run["id"], logs)
+    assert state == "COMPLETED", state if state.startswith("TIMEOUT") else (logs / "serve.log").read_text()[-4000:]
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("served")
-    runs = client.search_runs([experiment.experiment_id], filter_string="tags.flow = 'audit'")
-    assert len(runs) == 1
-    run = runs[0]
-    assert run.info.run_name == "served-audit"
-    assert run.data.params["tokenize.prompts"] == '["hello world","smart"]'
-    assert run.data.params["stream.enabled"] == "false"
-    assert run.data.tags["prefect_flow_run_id"] == flow_run["id"]
-    assert run.data.metrics["token_count_model_total"] == 3  # 'hello world' = 2, 'smart' = 1
+    parents = client.search_runs([experiment.experiment_id], filter_string="tags.flow = 'sweep'")
+    assert len(parents) == 1
+    parent = parents[0]
+    assert parent.info.run_name == "served-sweep"
+    assert parent.data.tags["prefect_flow_run_id"] == flow_run["id"]
+    assert parent.data.params["sweep.samples"] == "2" and parent.data.params["sweep.seed"] == "7"
+    assert parent.data.params["sweep.top_p"] == "[1.0,0.5]"
+    points = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'sweep_point'")
+    assert sorted(p.data.params["top_p"] for p in points) == ["0.5", "1.0"]
+    assert all(p.data.params["temperature"] == "0.0" for p in points)
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -124,16 +132,16 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
         from tasks.tracking import Tracker
 
         tracker = Tracker("served", tracking_uri)
-        tracker.end_run(tracker.start_run("served-audit"))
+        tracker.end_run(tracker.start_run("served-sweep"))
         experiment = client.get_experiment_by_name("served")
     dom = _browse(f"{tracking_uri}/#/experiments/{experiment.experiment_id}/runs", tmp_path,
                   SCREENSHOTS / "mlflow_experiment.png")
-    assert "served-audit" in dom
+    assert "served-sweep" in dom
 
-    deployment = _api(api, "/deployments/name/audit/audit")
+    deployment = _api(api, "/deployments/name/sweep/sweep")
     ui = api.removesuffix("/api")
     dom = _browse(f"{ui}/deployments/deployment/{deployment['id']}/run", tmp_path,
                   SCREENSHOTS / "prefect_deployment_form.png")
-    for field in ("tokenize", "profile", "stream", "sweep", "regression"):
+    for field in ("temperature", "top p", "samples", "seed", "max tokens"):
         assert field in dom.lower(), f"form field {field} not rendered"
     assert (SCREENSHOTS / "prefect_deployment_form.png").stat().st_size > 10_000

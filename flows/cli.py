@@ -75,6 +75,9 @@ def audit(
         console.print(f"MLflow run: {result['mlflow_run_id']}")
         console.print(f"Open the UI: {result['ui_command']}")
     verdict = result.get("regression")
+    if not verdict and result["mlflow_run_id"] and not result["errors"]:
+        console.print("Regression verdict: no baseline yet (the first audit of this endpoint and "
+                      "model; later audits compare with it)")
     if verdict:
         console.print(f"Regression verdict ({verdict['baseline']}): "
                       f"{'REGRESSION' if verdict['regressed'] else 'no regression'}", highlight=False)

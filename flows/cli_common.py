@@ -21,7 +21,7 @@ from rich.table import Table
 from tasks.config import ConfigError, describe_validation_error, load_config
 
 T = TypeVar("T")
-console = Console()
+console = Console(soft_wrap=True)  # paths and commands stay whole when copied
 
 
 def fail_input(message: str) -> None:

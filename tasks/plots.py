@@ -15,6 +15,7 @@ its path. Imports only matplotlib and polars.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,15 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import polars as pl  # noqa: E402
+from matplotlib import font_manager  # noqa: E402
+
+# Chinese prompts label some charts. Where a CJK font is installed (Debian's fonts-wqy-zenhei,
+# Noto CJK) it is added as a fallback after DejaVu Sans; where none is, missing glyphs are drawn
+# as boxes instead of being warned about once per character.
+_CJK = [f.name for f in font_manager.fontManager.ttflist
+        if f.name in ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")]
+matplotlib.rcParams["font.sans-serif"] = ["DejaVu Sans", *dict.fromkeys(_CJK)]
+warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
 
 
 def rate_label(request_rate: float | None) -> str:

@@ -37,8 +37,8 @@ def served(prefect_api, mlflow_server, tmp_path_factory):
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert proc.poll() is None, (logs / "serve.log").read_text()[-3000:]
-            names = [d["name"] for d in _api(prefect_api, "/deployments/filter", {})]
-            if "audit" in names:
+            names = {d["name"] for d in _api(prefect_api, "/deployments/filter", {})}
+            if names >= {"audit", "stream", "profile", "sweep", "tokenize"}:
                 break
             time.sleep(1)
         else:

@@ -63,3 +63,16 @@ def test_missing_file_and_bad_yaml(tmp_path):
         load_config(_write(tmp_path, "stream: [unclosed\n"))
     with pytest.raises(ConfigError, match="mapping"):
         load_config(_write(tmp_path, "- a\n- b\n"))
+
+
+def test_regression_threshold_for_an_unknown_metric(tmp_path):
+    with pytest.raises(ConfigError, match=r"regression\.thresholds_pct.*unknown metric 'ttft_p50'"):
+        load_config(_write(tmp_path, "regression:\n  thresholds_pct: {ttft_p50: 15}\n"))
+    cfg = load_config(_write(tmp_path, "regression:\n  thresholds_pct: {ttft_ms_p99: 20, decode_tokens_per_s: -5}\n"))
+    assert cfg.regression.thresholds_pct == {"ttft_ms_p99": 20.0, "decode_tokens_per_s": -5.0}
+
+
+def test_schedule_cron_must_parse(tmp_path):
+    with pytest.raises(ConfigError, match=r"schedule_cron.*not a cron string"):
+        load_config(_write(tmp_path, "schedule_cron: '0 25 * * *'\n"))
+    assert load_config(_write(tmp_path, "schedule_cron: '0 3 * * *'\n")).schedule_cron == "0 3 * * *"

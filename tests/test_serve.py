@@ -30,7 +30,7 @@ def served(prefect_api, mlflow_server, tmp_path_factory):
     env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_server[0],
            "INFERMETER_WORK_DIR": str(logs / "work")}
     log = open(logs / "serve.log", "wb")
-    proc = subprocess.Popen([str(BIN), "serve", "--config", "configs/smoke.yaml"], env=env,
+    proc = subprocess.Popen([str(BIN), "serve", "--config", "configs/smoke.yaml", "--cron", "0 3 * * *"], env=env,
                             stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
                             cwd=Path(__file__).resolve().parent.parent)
     try:
@@ -58,8 +58,10 @@ def test_audit_deployment_renders_a_typed_form(served):
     stream = definitions["StreamConfig"]["properties"]
     assert stream["max_concurrency"]["description"] == "Concurrency levels."
     assert definitions["SweepConfig"]["properties"]["samples"]["description"].startswith("Samples per point")
-    # the served config's values are the form's defaults
+    # the served config's values are the form's defaults, and the audit runs nightly
     assert deployment["parameters"]["config"]["name"] == "audit-smoke"
+    assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 3 * * *"]
+    assert _api(api, "/deployments/name/sweep/sweep")["schedules"] == []
 
 
 def _wait_for(api, flow_run_id, logs, timeout_s=420):

@@ -5,6 +5,8 @@ Everything runs on a tiny random-weight Llama with GQA (4 heads, 2 KV heads): no
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -145,16 +147,23 @@ def test_weights_bytes_counts_tied_embeddings_once():
 
 
 def test_rss_sampler_sees_a_deliberate_allocation():
-    with RssSampler() as sampler:
-        block = torch.ones(50_000_000, dtype=torch.float32)  # 200 MB, every page touched
-        time.sleep(0.5)  # alive for ~100 sampling intervals: the sampler gets scheduled even on a loaded machine
-        del block
-        time.sleep(0.02)
-    assert sampler.baseline_bytes > 0
-    assert sampler.peak_bytes >= sampler.baseline_bytes
-    assert sampler.peak_delta_bytes == sampler.peak_bytes - sampler.baseline_bytes
-    assert sampler.peak_delta_bytes >= 150_000_000
-    assert sampler.samples >= 2
+    # In a fresh interpreter: after other tests, memory freed but kept by the allocator can
+    # absorb the block without any RSS growth, which is the allocator's truth, not the sampler's.
+    code = (
+        "import time, torch\n"
+        "from tasks.memory import RssSampler\n"
+        "with RssSampler() as s:\n"
+        "    block = torch.ones(50_000_000, dtype=torch.float32)  # 200 MB, every page touched\n"
+        "    time.sleep(1.0)  # ~200 sampling intervals\n"
+        "    del block\n"
+        "print(s.baseline_bytes, s.peak_bytes, s.peak_delta_bytes, s.samples)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    baseline, peak, delta, samples = map(int, out.stdout.split())
+    assert baseline > 0 and peak >= baseline and delta == peak - baseline
+    assert delta >= 150_000_000
+    assert samples >= 2
 
 
 def test_rss_sampler_idle_block_has_a_small_delta():

@@ -29,9 +29,13 @@ from matplotlib import font_manager  # noqa: E402
 
 # Chinese prompts label some charts. Where a CJK font is installed (Debian's fonts-wqy-zenhei,
 # Noto CJK) it is added as a fallback after DejaVu Sans; where none is, missing glyphs are drawn
-# as boxes instead of being warned about once per character.
-_CJK = [f.name for f in font_manager.fontManager.ttflist
-        if f.name in ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")]
+# as boxes instead of being warned about once per character. matplotlib's font cache predates a
+# font installed after it was built, so Debian's WenQuanYi file is added by path when missing.
+_CJK_NAMES = ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")
+_WQY_PATH = Path("/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc")
+if not any(f.name in _CJK_NAMES for f in font_manager.fontManager.ttflist) and _WQY_PATH.exists():
+    font_manager.fontManager.addfont(str(_WQY_PATH))
+_CJK = [f.name for f in font_manager.fontManager.ttflist if f.name in _CJK_NAMES]
 matplotlib.rcParams["font.sans-serif"] = ["DejaVu Sans", *dict.fromkeys(_CJK)]
 warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
 

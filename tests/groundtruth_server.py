@@ -224,6 +224,16 @@ SCENARIOS: dict[str, list[tuple]] = {
         ("data", _usage(3)),
         ("data", "[DONE]"),
     ],
+    # for concurrency: each request waits up to 1 s for a second request in flight (so a loaded
+    # machine that starts the second slot late still overlaps them), then holds the server ~150 ms
+    "pair": [
+        ("until_in_flight", 2, 1000),
+        ("data", _chunk(role="assistant")),
+        ("sleep", 150),
+        ("data", _chunk("a")),
+        ("data", _usage(1)),
+        ("data", "[DONE]"),
+    ],
     # for concurrency: each request holds the server ~150 ms
     "hold": [
         ("data", _chunk(role="assistant")),
@@ -295,7 +305,7 @@ async def _send_text(writer: asyncio.StreamWriter, text: str) -> None:
     await writer.drain()
 
 
-async def _stream(writer: asyncio.StreamWriter, steps: list[tuple]) -> bool:
+async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _State) -> bool:
     """Play a schedule. Returns False when the connection was cut on purpose."""
     if steps and steps[0][0] == "status":
         _, code, body = steps[0]
@@ -311,6 +321,11 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple]) -> bool:
         kind = step[0]
         if kind == "sleep":
             await asyncio.sleep(step[1] / 1000)
+            continue
+        if kind == "until_in_flight":  # wait for step[1] requests in flight, at most step[2] ms
+            deadline = time.monotonic() + step[2] / 1000
+            while state.in_flight < step[1] and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
             continue
         if kind == "cut":  # FIN without the terminating chunk: an incomplete chunked body
             await writer.drain()
@@ -431,7 +446,7 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             state.in_flight += 1
             state.max_in_flight = max(state.max_in_flight, state.in_flight)
             try:
-                keep = await _stream(writer, steps)
+                keep = await _stream(writer, steps, state)
             finally:
                 state.in_flight -= 1
             if not keep:

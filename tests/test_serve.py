@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -16,12 +17,20 @@ import pytest
 BIN = Path(sys.executable).parent / "infermeter"
 
 
-def _api(base, path, body=None):
+def _api(base, path, body=None, retries=5):
+    """One REST call; 503 is retried with backoff, as Prefect's own client does: the server sends
+    it for retryable errors such as a locked SQLite database on a busy machine."""
     data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data else "GET",
-                                     headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as response:
-        return json.load(response)
+    for attempt in range(retries + 1):
+        request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data else "GET",
+                                         headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                return json.load(response)
+        except urllib.error.HTTPError as error:
+            if error.code != 503 or attempt == retries:
+                raise
+            time.sleep(2**attempt)
 
 
 @pytest.fixture(scope="module")

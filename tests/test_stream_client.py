@@ -352,9 +352,9 @@ def test_run_level_respects_max_concurrency(server: gt.GroundTruthServer) -> Non
 
 def test_run_levels_sync(server: gt.GroundTruthServer) -> None:
     server.reset()
-    # 4 measured requests per level: at concurrency 2 the two slots overlap even when a loaded
-    # machine delays one request's start past another's ~150 ms hold
-    results = run_levels(server.base_url, None, "hold", ["p"], 8, [1, 2], 4, 1, words, 10.0,
+    # "pair" holds each request up to 1 s for a second one in flight: at concurrency 2 the slots
+    # overlap even when a loaded machine starts one late; at concurrency 1 they never can
+    results = run_levels(server.base_url, None, "pair", ["p"], 8, [1, 2], 4, 1, words, 10.0,
                          sampling={"temperature": 0.0})
     assert [(r.level, r.max_concurrency) for r in results] == [(0, 1), (1, 2)]
     assert [len(r.records) for r in results] == [5, 5]

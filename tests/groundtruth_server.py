@@ -224,16 +224,6 @@ SCENARIOS: dict[str, list[tuple]] = {
         ("data", _usage(3)),
         ("data", "[DONE]"),
     ],
-    # for concurrency: each request waits up to 1 s for a second request in flight (so a loaded
-    # machine that starts the second slot late still overlaps them), then holds the server ~150 ms
-    "pair": [
-        ("until_in_flight", 2, 1000),
-        ("data", _chunk(role="assistant")),
-        ("sleep", 150),
-        ("data", _chunk("a")),
-        ("data", _usage(1)),
-        ("data", "[DONE]"),
-    ],
     # for concurrency: each request holds the server ~150 ms
     "hold": [
         ("data", _chunk(role="assistant")),
@@ -254,6 +244,7 @@ SCENARIOS: dict[str, list[tuple]] = {
 
 class _State:
     def __init__(self) -> None:
+        self.generation = getattr(self, "generation", 0) + 1  # bumped by /reset
         self.in_flight = 0
         self.max_in_flight = 0
         self.requests: list[dict[str, Any]] = []
@@ -261,6 +252,19 @@ class _State:
         self.ttft_s_sum = 0.0  # server side: request read -> first text chunk written
         self.ttft_count = 0
         self.text_chunks = 0
+
+    @contextlib.contextmanager
+    def request_in_flight(self) -> Iterator[None]:
+        """Count one request in flight. A request still running from before a /reset is not
+        counted against the new generation (it would drive the count below zero)."""
+        generation = self.generation
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            yield
+        finally:
+            if self.generation == generation:
+                self.in_flight -= 1
 
 
 def _response_head(status: int, reason: str, headers: dict[str, str]) -> bytes:
@@ -346,6 +350,15 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _Stat
     return True
 
 
+def _rendezvous(model: str) -> list[tuple] | None:
+    """``rendezvous:N``: wait up to 1 s until N requests are in flight, then hold ~150 ms. A
+    loaded machine that starts one slot late still overlaps N slots; fewer slots never can."""
+    parts = model.split(":")
+    if parts[0] != "rendezvous" or len(parts) != 2:
+        return None
+    return [("until_in_flight", int(parts[1]), 1000), *SCENARIOS["hold"]]
+
+
 def _ticks(model: str) -> tuple[int, float, float] | None:
     """``ticks:N:GAP_MS[:TTFT_MS]`` -> (N, gap_s, ttft_s), else None."""
     parts = model.split(":")
@@ -427,28 +440,21 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 text_sent: list[int] = []
                 key = str((request.get("messages") or [{}])[0].get("content"))
                 state.stamps[key] = {"recv_ns": recv_ns, "text_sent_ns": text_sent}
-                state.in_flight += 1
-                state.max_in_flight = max(state.max_in_flight, state.in_flight)
-                try:
+                with state.request_in_flight():
                     await _stream_ticks(writer, ticks, text_sent)
-                finally:
-                    state.in_flight -= 1
                 state.text_chunks += len(text_sent)
                 if text_sent:
                     state.ttft_s_sum += (text_sent[0] - recv_ns) / 1e9
                     state.ttft_count += 1
                 continue
-            steps = SCENARIOS.get(request.get("model", ""))
+            model = str(request.get("model", ""))
+            steps = SCENARIOS.get(model) or _rendezvous(model)
             if steps is None:
                 await _send_json(writer, 404, _error_body(
                     f"unknown model {request.get('model')!r}", "not_found", 404))
                 continue
-            state.in_flight += 1
-            state.max_in_flight = max(state.max_in_flight, state.in_flight)
-            try:
+            with state.request_in_flight():
                 keep = await _stream(writer, steps, state)
-            finally:
-                state.in_flight -= 1
             if not keep:
                 return
     except (ConnectionError, asyncio.CancelledError):

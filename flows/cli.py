@@ -18,7 +18,7 @@ from rich.console import Console
 
 from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, preflight,
-    print_headline, write_json,
+    print_headline, run_flow, write_json,
 )
 from tasks.config import AuditConfig, ServerConfig, describe_validation_error
 from flows import compare, deploy
@@ -63,7 +63,7 @@ def audit(
             fail_input(f"--baseline: {exc}")
     from flows.audit import audit as audit_flow
 
-    state = audit_flow(cfg, track=not no_track, return_state=True)
+    state = run_flow(audit_flow, cfg, track=not no_track)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict):  # the flow itself crashed before producing a result
         err_console.print(f"audit failed: {result}", markup=False)

@@ -153,3 +153,23 @@ def preflight(track: bool) -> None:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")
+
+
+def run_flow(flow: Any, *args: Any, **kwargs: Any) -> Any:
+    """Run ``flow`` for a CLI command against :func:`flows.prefect_api.prefect_api` and return
+    its final State (``return_state=True``): a failed flow is reported, not raised.
+
+    Raises:
+        typer.Exit: code 130 after a Ctrl-C, once the run is marked as interrupted (what
+            finished is kept: the records folder is named in the log above).
+    """
+    from flows.prefect_api import prefect_api
+
+    try:
+        with prefect_api():
+            return flow(*args, return_state=True, **kwargs)
+    except KeyboardInterrupt:
+        console.print("[yellow]Interrupted[/]: the requests and points that finished are kept "
+                      "(the run's records folder is named above)")
+        raise typer.Exit(130) from None
+

@@ -2,7 +2,8 @@
 
 The flow runs the profile stage (``tasks.pipeline.profile_stage``, the same task the audit's
 local stage runs) under one MLflow parent run: parent -> ``profile`` child -> one child per
-sweep point (prompt length x batch size x dtype x prefill chunk size), with the points as
+sweep point (prompt length x batch size x dtype x prefill chunk size x max_new_tokens), with
+the points as
 ``profile_points.json`` and four PNG plots under ``plots/`` on the ``profile`` run.
 
 The command builds the config from YAML (``--config``, an audit-shaped file; only its
@@ -24,7 +25,9 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 from rich.table import Table
 
-from flows.cli_common import apply_overrides, console, fail_input, load_or_fail, parse_list, write_json
+from flows.cli_common import (
+    apply_overrides, console, fail_input, load_or_fail, parse_list, run_flow, write_json,
+)
 from tasks.config import AuditConfig
 
 # torch, transformers and tasks.pipeline are imported inside the functions that run the flow,
@@ -88,7 +91,7 @@ def check_input(cfg: AuditConfig) -> None:
 
     p = cfg.profile
     try:
-        check_request(p.model, p.dtypes, p.prompt_lengths, p.max_new_tokens, p.device, p.num_layers)
+        check_request(p.model, p.dtypes, p.prompt_lengths, p.max_new_tokens_values, p.device, p.num_layers)
     except ModelSourceError as exc:
         fail_input(f"--model: {exc}")
     except ValueError as exc:
@@ -100,7 +103,7 @@ def command(
     prompt_lengths: Annotated[Optional[str], typer.Option(help="Prompt lengths in tokens, e.g. 32,128,512.")] = None,
     batch_sizes: Annotated[Optional[str], typer.Option(help="Batch sizes, e.g. 1,4.")] = None,
     dtypes: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: the model's).")] = None,
-    max_new_tokens: Annotated[Optional[int], typer.Option(help="Decode steps per point (EOS ignored).")] = None,
+    max_new_tokens: Annotated[Optional[str], typer.Option(help="Decode steps per point (EOS ignored); a list sweeps it, e.g. 8,32.")] = None,
     prefill_chunk_sizes: Annotated[Optional[str], typer.Option(help="Chunked prefill sizes in tokens; 0 = none, e.g. 0,64,256.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed repeats per point (median reported).")] = None,
@@ -120,12 +123,13 @@ def command(
         "batch_sizes": parse_list("--batch-sizes", batch_sizes, int),
         "dtypes": parse_list("--dtypes", dtypes, str),
         "prefill_chunk_sizes": parse_list("--prefill-chunk-sizes", prefill_chunk_sizes, int),
-        "max_new_tokens": max_new_tokens, "device": device, "repeats": repeats, "warmup": warmup,
+        "max_new_tokens": parse_list("--max-new-tokens", max_new_tokens, int),
+        "device": device, "repeats": repeats, "warmup": warmup,
         "num_layers": num_layers, "enabled": True,
     })
     check_input(cfg)
 
-    state = profile(cfg, track=not no_track, show_progress=True, return_state=True)
+    state = run_flow(profile, cfg, track=not no_track, show_progress=True)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict):  # the flow crashed before producing a result
         typer.echo(f"profile failed: {result}", err=True)
@@ -138,17 +142,17 @@ def command(
         console.print(f"Open the UI: {result['ui_command']}")
     failed = [p for p in result["points"] if p["failed"]]
     for point in failed:
-        typer.echo(f"point {_label(point)} failed: {point['error']}", err=True)
+        typer.echo(f"point {_label(point, result['points'])} failed: {point['error']}", err=True)
     if result["error"] and not failed:
         typer.echo(f"profile failed: {result['error']}", err=True)
     if result["error"] or failed:
         raise typer.Exit(1)
 
 
-def _label(point: dict) -> str:
-    from tasks.profile_sweep import point_label
+def _label(point: dict, points: list[dict]) -> str:
+    from tasks.profile_sweep import point_label, steps_swept
 
-    return point_label(point)
+    return point_label(point, steps_swept(points))
 
 
 def _fmt(value, scale: float = 1.0) -> str:
@@ -162,17 +166,23 @@ _SHORT_DTYPE = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}
 
 
 def print_points(points: list[dict]) -> None:
-    """One row per point: times in ms, rates per second, sizes in MiB."""
+    """One row per point: times in ms, rates per second, sizes in MiB; a T column
+    (max_new_tokens) when more than one value was swept."""
     from rich import box
 
+    from tasks.profile_sweep import steps_swept
+
+    steps = steps_swept(points)
     mib = 2**20
     table = Table(title="infermeter profile (ms, tokens/s, MiB)", header_style="bold",
                   box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    for title in ("N", "B", "dtype", "chunk", "prefill", "decode", "tok/s", "KV", "KV calc", "peak"):
+    titles = ("N", "B", "dtype", "chunk", *(("T",) if steps else ()), "prefill", "decode", "tok/s",
+              "KV", "KV calc", "peak")
+    for title in titles:
         table.add_column(title, justify="left" if title == "dtype" else "right", no_wrap=True)
     for p in points:
         head = [str(p["prompt_tokens"]), str(p["batch_size"]), _SHORT_DTYPE.get(p["dtype"], p["dtype"]),
-                str(p["prefill_chunk_size"])]
+                str(p["prefill_chunk_size"]), *((str(p["max_new_tokens"]),) if steps else ())]
         if p["failed"]:
             table.add_row(*head, "FAILED", *[""] * 5)
             continue
@@ -185,7 +195,8 @@ def print_points(points: list[dict]) -> None:
     first = next((p for p in points if not p["failed"]), None)
     if first:
         console.print(
-            f"prefill = local TTFT; decode = p50 per step; KV calc = GQA-aware formula; weights "
+            f"prefill = local TTFT; decode = p50 per step; {'T = max_new_tokens; ' if steps else ''}"
+            f"KV calc = GQA-aware formula; weights "
             f"{first['weights_bytes'] / mib:,.1f} MiB; the seed's hidden_size KV form is "
             f"{first['kv_seed_formula_ratio']:.2f}x the formula", highlight=False,
         )

@@ -27,7 +27,7 @@ from rich.table import Table
 
 from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, parse_list,
-    parse_slos, rate, write_json,
+    parse_slos, rate, run_flow, write_json,
 )
 from tasks.config import AuditConfig, StreamFlowConfig
 
@@ -100,7 +100,9 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
 
 def _check_endpoint(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
-    named key variable that is not set (its value is never printed)."""
+    named key variable that is not set (its value is never printed), a base_url where nothing
+    accepts a TCP connection (refused, or no answer in 5 s: a run would only log one
+    connection error per request)."""
     endpoint = cfg.endpoint
     if endpoint.base_url:
         if not endpoint.base_url.startswith(("http://", "https://")):
@@ -115,6 +117,25 @@ def _check_endpoint(cfg: StreamFlowConfig) -> None:
             f"--api-key-env: environment variable {endpoint.api_key_env} is not set; export it "
             "or name the variable that holds the key"
         )
+    if endpoint.base_url:
+        _check_reachable(endpoint.base_url)
+
+
+def _check_reachable(base_url: str) -> None:
+    import socket
+    from urllib.parse import urlsplit
+
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=5).close()
+    except TimeoutError:
+        fail_input(f"--base-url: {url.hostname}:{port} does not answer (timed out after 5 s); "
+                   "check the host and port, and that the server is up")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        fail_input(f"--base-url: nothing accepts connections at {url.hostname}:{port} ({reason}); "
+                   "start the server or fix the URL")
 
 
 def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] | None:
@@ -178,7 +199,7 @@ def command(
     _check_endpoint(cfg)
     check_embedded_engine(cfg)
 
-    state = stream(cfg, track=not no_track, return_state=True)
+    state = run_flow(stream, cfg, track=not no_track)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict):  # the flow crashed before producing a result
         typer.echo(f"stream failed: {result}", err=True)

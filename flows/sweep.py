@@ -20,7 +20,8 @@ from rich.table import Table
 
 from flows.audit import new_workdir
 from flows.cli_common import (
-    apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, write_json,
+    apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, run_flow,
+    write_json,
 )
 from flows.stage_runs import finish_parent, start_parent
 from tasks import report
@@ -100,7 +101,7 @@ def command(
         check_embedded_engine(cfg)
     if no_resume:
         cfg = apply_overrides(cfg, None, {"resume": False})
-    state = sweep(cfg, track=not no_track, return_state=True)
+    state = run_flow(sweep, cfg, track=not no_track)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict):
         typer.echo(f"sweep failed: {result}", err=True)

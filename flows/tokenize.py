@@ -19,7 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from flows.audit import new_workdir
-from flows.cli_common import apply_overrides, console, fail_input, parse_list, write_json
+from flows.cli_common import apply_overrides, console, fail_input, parse_list, run_flow, write_json
 from flows.stage_runs import finish_parent, start_parent
 from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TrackingConfig
@@ -104,7 +104,7 @@ def command(
             tokenizers.load(name, model)
     except tokenizers.TokenizerError as exc:
         fail_input(f"--tokenizers: {exc}")
-    state = tokenize(cfg, model=model, track=not no_track, return_state=True)
+    state = run_flow(tokenize, cfg, model=model, track=not no_track)
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict) or state.is_failed():
         typer.echo(f"tokenize failed: {result.get('error') if isinstance(result, dict) else result}", err=True)

@@ -98,7 +98,10 @@ class ProfileConfig(_Strict):
     num_layers: int | None = Field(
         None, ge=1, description="arch: sources only: keep the first N layers (a slice of the shape)."
     )
-    max_new_tokens: int = Field(32, ge=1, description="Decode steps per point (EOS ignored).")
+    max_new_tokens: int | list[int] = Field(
+        32,
+        description="Decode steps per point (EOS ignored): one value, or a list to sweep it.",
+    )
     repeats: int = Field(3, ge=1, description="Timed repeats per point; the median is reported.")
     warmup: int = Field(1, ge=0, description="Untimed warm-up runs per point (recorded, excluded).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present.")
@@ -116,6 +119,20 @@ class ProfileConfig(_Strict):
         if any(v < 0 for v in values):
             raise ValueError("every value must be >= 0 (0 = no chunking)")
         return values
+
+    @field_validator("max_new_tokens")
+    @classmethod
+    def _steps(cls, value: int | list[int]) -> int | list[int]:
+        values = value if isinstance(value, list) else [value]
+        if not values or any(v < 1 for v in values):
+            raise ValueError("give one value >= 1 or a non-empty list of them")
+        return value
+
+    @property
+    def max_new_tokens_values(self) -> list[int]:
+        """``max_new_tokens`` as a list (one value -> [value])."""
+        steps = self.max_new_tokens
+        return list(steps) if isinstance(steps, list) else [steps]
 
 
 class EndpointConfig(_Strict):

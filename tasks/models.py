@@ -231,11 +231,8 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layer
     hf_logging.disable_progress_bar()  # progress bars belong between points, not in the log
     source = resolve(spec)
     if source.kind == "arch":
-        config = model_config(spec, num_layers=num_layers)
-        torch.manual_seed(0)
-        with torch.device(device):
-            model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-        return model.eval(), arch_tokenizer(int(_text_config(config).vocab_size))
+        model = build_arch_model(spec, dtype, device, num_layers=num_layers)
+        return model, arch_tokenizer(int(_text_config(model.config).vocab_size))
     folder = hf_folder(source)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
@@ -279,6 +276,29 @@ def _text_config(config):
     return get(decoder=True) if callable(get) else config
 
 
+def build_arch_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layers: int | None = None):
+    """The random-weight model of an ``arch:`` spec (no tokenizer), in eval mode.
+
+    Built from :func:`model_config` (``num_layers`` keeps the first layers) with
+    ``torch.manual_seed(0)`` and transformers' own initialisation, directly on ``device`` in
+    ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``). Needs only torch and transformers.
+    Building allocates every weight: check the memory first (:func:`estimate_point_memory`).
+
+    Raises:
+        ModelSourceError: the spec does not resolve, or is not an ``arch:`` spec.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    if resolve(spec).kind != "arch":
+        raise ModelSourceError(f"model {spec!r}: only arch: specs are built from a config")
+    config = model_config(spec, num_layers=num_layers)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
+    return model.eval()
+
+
 def model_config(spec: str, num_layers: int | None = None):
     """The transformers config of a spec, without loading weights.
 
@@ -310,7 +330,9 @@ def model_config(spec: str, num_layers: int | None = None):
             raise ModelSourceError(f"model {spec!r}: cannot read the config: {exc}") from None
     if num_layers is not None:
         if not 1 <= num_layers <= _text_config(config).num_hidden_layers:
-            raise ModelSourceError(f"num_layers must be 1..{_text_config(config).num_hidden_layers}")
+            raise ModelSourceError(
+                f"model {spec!r}: num_layers {num_layers} is outside 1..{_text_config(config).num_hidden_layers}, its layer count"
+            )
         _text_config(config).num_hidden_layers = num_layers
     return config
 

@@ -137,7 +137,8 @@ def profile_stage(
     cfg: ProfileConfig, target: TrackingTarget, parent_run_id: str | None, workdir: str,
     show_progress: bool = False,
 ) -> dict:
-    """Prefill and per-token decode over prompt length x batch size x dtype x prefill chunk size.
+    """Prefill and per-token decode over prompt length x batch size x dtype x prefill chunk size
+    x max_new_tokens (points that may not fit run in a child process: :func:`run_sweep`).
 
     One child run per point (FAILED with an ``error`` tag for a point that failed), the points
     as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run.
@@ -149,7 +150,7 @@ def profile_stage(
     """
     from tasks.profile_plots import write_profile_plots
     from tasks import profile_sweep
-    from tasks.profile_sweep import point_label, run_sweep
+    from tasks.profile_sweep import point_label, run_sweep, steps_swept
     from tasks.models import default_dtype, resolve
 
     source = resolve(cfg.model)
@@ -159,14 +160,17 @@ def profile_stage(
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
         run.tracker.set_tags(run.run_id, {"device": device, "dtypes": ",".join(dtypes), "model": cfg.model})
         points = profile_sweep.sweep_points(
-            cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes
+            cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes,
+            cfg.max_new_tokens_values,
         )
+        show_steps = steps_swept(points)
         bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
 
         def on_point(index: int, total: int, row: dict) -> None:
-            label = point_label(row)
+            label = point_label(row, show_steps)
             child = run.tracker.start_run(f"profile {label}", run.run_id, {
                 "stage": "profile_point", "random_weights": row["random_weights"],
+                "child_process": row["child_process"],
                 **({"error": row["error"]} if row["failed"] else {}),
             })
             run.tracker.log_params(child, {k: str(row[k]) for k in (
@@ -186,8 +190,8 @@ def profile_stage(
             bar.refresh()
         try:
             rows = run_sweep(
-                cfg.model, points, max_new_tokens=cfg.max_new_tokens, repeats=cfg.repeats,
-                warmup=cfg.warmup, device=device, num_layers=cfg.num_layers, on_point=on_point,
+                cfg.model, points, repeats=cfg.repeats, warmup=cfg.warmup, device=device,
+                num_layers=cfg.num_layers, on_point=on_point,
             )
         finally:
             if bar is not None:

@@ -1,7 +1,9 @@
 """Local profile: prefill and per-token decode inside a transformers model, with KV-cache and
 peak-memory readings. Imports only the standard library, torch and transformers (plus
-tasks.memory, which imports the same), so it runs alone on a GPU machine::
+tasks.memory, which imports the same), so it runs alone on a GPU machine (:func:`main`)::
 
+    python -m tasks.profile --model arch:llama-2-7b --layers 2 --prompt-length 512 \
+        --max-new-tokens 16 --device auto          # a preset of tasks.models, 2 of its layers
     python -m tasks.profile --layers 2 --hidden 4096 --heads 32 --kv-heads 32 \
         --prompt-length 512 --max-new-tokens 16 --dtype bfloat16 --device auto
 
@@ -24,6 +26,7 @@ token produced is never fed back); after prefill it holds N. The formulas use th
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import platform
@@ -34,6 +37,7 @@ from typing import Any
 import torch
 
 from tasks import stats
+from tasks.gpu_metrics import GPU_METRIC_KEYS, NvmlSampler
 from tasks.memory import (
     RssSampler,
     cuda_allocated_bytes,
@@ -235,12 +239,16 @@ def percentile(values: list[float], q: float) -> float:
     return stats.percentile(sorted(values), q)
 
 
-def _warmup_and_runs(model, input_ids, max_new_tokens: int, warmup: int, repeats: int, chunk: int):
-    """Untimed-for-statistics warm-up runs (their prefill times kept), then the timed runs."""
+def _warmup_and_runs(
+    model, input_ids, max_new_tokens: int, warmup: int, repeats: int, chunk: int, window=None
+):
+    """Untimed-for-statistics warm-up runs (their prefill times kept), then the timed runs,
+    inside ``window`` (a context manager, e.g. :class:`NvmlSampler`) when one is given."""
     warmup_prefill_ms = [
         _one_run(model, input_ids, max_new_tokens, chunk)["prefill_ms"] for _ in range(warmup)
     ]
-    runs = [_one_run(model, input_ids, max_new_tokens, chunk) for _ in range(repeats)]
+    with window if window is not None else contextlib.nullcontext():
+        runs = [_one_run(model, input_ids, max_new_tokens, chunk) for _ in range(repeats)]
     return warmup_prefill_ms, runs
 
 
@@ -366,6 +374,11 @@ def profile_point(
     - decode_bandwidth_gb_per_s (CUDA only, else None): bytes read per decode step (weights +
       the cache held after the step) summed over the median repeat's steps / its decode time,
       in 1e9 bytes/s; a lower bound on traffic (activations are not counted)
+    - CUDA only (absent on CPU): gpu_power_w_mean / gpu_power_w_max (W),
+      gpu_utilization_pct_mean / gpu_utilization_pct_max (%), gpu_energy_joules (J) and
+      gpu_metric_samples, sampled by NVML over the timed repeats (not the warm-ups), see
+      :mod:`tasks.gpu_metrics`; each is None when NVML (nvidia-ml-py and the driver's library)
+      cannot read it
     - device, device_name, dtype, torch_num_threads, attn_implementation
     - input_ids_shape [B, N]; last_hidden_state_shape [B, N, hidden] (from one extra forward with
       output_hidden_states=True after the timed runs); embedding_shape [vocab, hidden]
@@ -404,11 +417,13 @@ def profile_point(
         # The memory window spans the whole point, warm-up included: the first run is the one
         # that allocates (activations, KV cache); later runs reuse what the allocator kept.
         rss: RssSampler | None = None
+        gpu: NvmlSampler | None = None
         if device.type == "cuda":
             cuda_reset_peak(device)
             baseline = cuda_allocated_bytes(device)
+            gpu = NvmlSampler(device)
             warmup_prefill_ms, runs = _warmup_and_runs(
-                model, input_ids, max_new_tokens, warmup, repeats, prefill_chunk_size
+                model, input_ids, max_new_tokens, warmup, repeats, prefill_chunk_size, gpu
             )
             peak = cuda_peak_bytes(device)
             assert peak is not None
@@ -488,6 +503,7 @@ def profile_point(
         "peak_memory_baseline_bytes": baseline,
         "peak_memory_reserved_bytes": reserved,
         "decode_bandwidth_gb_per_s": bandwidth,
+        **({**dict.fromkeys(GPU_METRIC_KEYS), **gpu.metrics} if gpu is not None else {}),
         "device": str(device),
         "device_name": (
             torch.cuda.get_device_name(device) if device.type == "cuda"
@@ -552,45 +568,113 @@ def random_llama(
     return model.eval()
 
 
+#: The shape flags of the standalone entry point, with their defaults when no --model is given.
+_SHAPE_DEFAULTS = {"hidden": 4096, "heads": 32, "kv_heads": None, "intermediate": None, "vocab": 32000}
+
+
+def _build_standalone(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, int, str]:
+    """The model of ``python -m tasks.profile``: (model, vocab size, spec or "shape flags").
+
+    Raises:
+        ValueError: shape flags beside --model, a spec that is not arch:, an unknown preset, a
+            dtype the device cannot run, a prompt + max_new_tokens over the model's context.
+        tasks.memory.MemoryNeedError: the point would not fit in the available memory.
+    """
+    if args.model is None:
+        shape = {k: _SHAPE_DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
+                 for k in _SHAPE_DEFAULTS}
+        dtype = args.dtype or "bfloat16"
+        model = random_llama(
+            layers=2 if args.layers is None else args.layers, hidden=shape["hidden"],
+            heads=shape["heads"], kv_heads=shape["kv_heads"] or shape["heads"],
+            intermediate=shape["intermediate"], vocab=shape["vocab"],
+            max_positions=max(4096, args.prompt_length + args.max_new_tokens),
+            dtype=getattr(torch, dtype), device=device, seed=args.seed,
+        )
+        return model, shape["vocab"], "shape flags"
+
+    from tasks.memory import available_memory_bytes, check_memory, estimate_point_memory
+    from tasks.models import build_arch_model, default_dtype, parameter_count
+    from tasks.profile_sweep import check_request
+
+    given = [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if getattr(args, k) is not None]
+    if given:
+        raise ValueError(f"--model sets the shape: drop {', '.join(given)} (--layers may stay)")
+    if not args.model.startswith("arch:"):
+        raise ValueError(
+            f"--model {args.model!r}: this entry point builds arch: specs only (arch:NAME or "
+            "arch:PATH/config.json); use `infermeter profile` for gguf: and hf: models"
+        )
+    dtype = args.dtype or default_dtype(args.model)
+    _, _, config = check_request(
+        args.model, [dtype], [args.prompt_length], args.max_new_tokens, str(device), args.layers
+    )
+    need = estimate_point_memory(
+        config, parameters=parameter_count(config), dtype_bytes=dtype_bytes(getattr(torch, dtype)),
+        batch=args.batch_size, prompt_tokens=args.prompt_length,
+        max_new_tokens=args.max_new_tokens,
+    )
+    check_memory(f"{args.model} in {dtype}", need, available_memory_bytes(device), weights_resident=False)
+    model = build_arch_model(args.model, dtype, str(device), num_layers=args.layers)
+    return model, int(config.get_text_config(decoder=True).vocab_size), args.model
+
+
 def main(argv: list[str] | None = None) -> int:
+    """``python -m tasks.profile``: one point of a random-weight model, JSON on stdout.
+
+    The model is an ``--model arch:NAME`` preset of :data:`tasks.models.ARCH_PRESETS`
+    (smollm2-135m, llama-2-7b, llama-3-8b) or ``arch:PATH/config.json``, with ``--layers``
+    keeping its first N layers and ``--dtype`` defaulting to the preset's; or, without
+    ``--model``, a Llama of the shape flags (--layers 2, --hidden 4096, --heads 32, --kv-heads =
+    --heads, bfloat16 by default). Prompt ids are random (seeded). Needs only torch and
+    transformers. Exit 2 with one ``error:`` line on bad input, 1 when the point would not fit
+    in memory (checked before the model is built). Presets' weights use seed 0 (like
+    ``infermeter profile``); ``--seed`` sets the shape flags' weights and the prompt ids.
+    """
+    from tasks.memory import MemoryNeedError
+
     parser = argparse.ArgumentParser(
         prog="python -m tasks.profile",
-        description="Profile one point of a random-weight Llama; print the result as JSON.",
+        description="Profile one point of a random-weight model; print the result as JSON.",
     )
-    parser.add_argument("--layers", type=int, default=2)
-    parser.add_argument("--hidden", type=int, default=4096)
-    parser.add_argument("--heads", type=int, default=32)
-    parser.add_argument("--kv-heads", type=int, default=None, help="default: --heads (no GQA)")
-    parser.add_argument("--intermediate", type=int, default=None, help="default: 8/3 x hidden")
-    parser.add_argument("--vocab", type=int, default=32000)
+    parser.add_argument("--model", default=None,
+                        help="arch:NAME (smollm2-135m, llama-2-7b, llama-3-8b) or "
+                             "arch:PATH/config.json; default: a Llama of the shape flags")
+    parser.add_argument("--layers", type=int, default=None,
+                        help="keep the first N layers of --model (default: all); shape flags: 2")
+    parser.add_argument("--hidden", type=int, default=None, help="shape flag, default 4096")
+    parser.add_argument("--heads", type=int, default=None, help="shape flag, default 32")
+    parser.add_argument("--kv-heads", type=int, default=None, help="shape flag, default: --heads (no GQA)")
+    parser.add_argument("--intermediate", type=int, default=None, help="shape flag, default 8/3 x hidden")
+    parser.add_argument("--vocab", type=int, default=None, help="shape flag, default 32000")
     parser.add_argument("--prompt-length", type=int, default=512)
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="bfloat16")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
+                        help="default: the preset's (bfloat16 for 7B shapes), bfloat16 for shape flags")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
 
     try:
         device = resolve_device(args.device)
-        model = random_llama(
-            layers=args.layers, hidden=args.hidden, heads=args.heads,
-            kv_heads=args.kv_heads or args.heads, intermediate=args.intermediate,
-            vocab=args.vocab, max_positions=max(4096, args.prompt_length + args.max_new_tokens),
-            dtype=getattr(torch, args.dtype), device=device, seed=args.seed,
-        )
+        model, vocab, spec = _build_standalone(args, device)
         generator = torch.Generator().manual_seed(args.seed)
-        prompt_ids = torch.randint(0, args.vocab, (1, args.prompt_length), generator=generator)
+        prompt_ids = torch.randint(0, vocab, (1, args.prompt_length), generator=generator)
         point = profile_point(
             model, prompt_ids=prompt_ids, batch_size=args.batch_size,
             max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
             device=device,
         )
+    except MemoryNeedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     except (ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    point["model"] = spec
     point["random_weights"] = True
     print(json.dumps(point, indent=2))
     return 0

@@ -11,6 +11,9 @@ failed points are skipped) and writes four PNGs:
   after decode (N + T), the GQA-aware formula, and peak memory, against positions held;
 - ``ttft_vs_prefill_chunk_size.png``: prefill_ms and peak memory against the prefill chunk size
   (the whole prompt for no chunking), a line per prompt length x batch x dtype.
+
+When the sweep holds more than one max_new_tokens value, every grouping (and each decode line's
+label) also splits by it (``T=``).
 """
 
 from __future__ import annotations
@@ -28,10 +31,18 @@ import matplotlib.pyplot as plt  # noqa: E402
 MIB = 2**20
 
 
+def _steps_swept(rows: Sequence[dict]) -> bool:
+    return len({row.get("max_new_tokens") for row in rows}) > 1
+
+
 def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
+    if _steps_swept(rows):
+        keys = (*keys, "max_new_tokens")
     groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        groups[" ".join(f"{k.split('_')[0]}={row[k]}" for k in keys)].append(row)
+        groups[" ".join(
+            f"{'T' if k == 'max_new_tokens' else k.split('_')[0]}={row[k]}" for k in keys
+        )].append(row)
     return groups
 
 
@@ -60,11 +71,13 @@ def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
 
 def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4))
+    steps = _steps_swept(rows)
     for row in _unchunked(rows):
         start = row["prompt_tokens"]
         positions = range(start, start + len(row["decode_ms"]))
         ax.plot(list(positions), row["decode_ms"], ".-",
-                label=f"N={row['prompt_tokens']} B={row['batch_size']} {row['dtype']}")
+                label=f"N={row['prompt_tokens']} B={row['batch_size']} {row['dtype']}"
+                + (f" T={row['max_new_tokens']}" if steps else ""))
     ax.set_xlabel("context position written by the step [tokens]")
     ax.set_ylabel("decode_ms per step [ms]")
     ax.set_title("Decode step time against context position (median repeat)")

@@ -1,5 +1,5 @@
-"""The local profile's sweep: prompt length x batch size x dtype x prefill chunk size over one
-model spec, one :func:`tasks.profile.profile_point` per point.
+"""The local profile's sweep: prompt length x batch size x dtype x prefill chunk size x
+max_new_tokens over one model spec, one :func:`tasks.profile.profile_point` per point.
 
 Plain code (standard library, torch, transformers, psutil): the profile stage of the audit and
 the ``infermeter profile`` command both call :func:`run_sweep`; orchestration and tracking stay
@@ -8,21 +8,39 @@ in ``tasks/pipeline.py``.
 Memory is checked before it is allocated (there is no swap: a process that runs out is killed by
 the kernel, with no traceback): before a dtype's model is built or loaded, its weights plus the
 smallest point's KV cache and activations must fit in the available memory; before each point,
-that point's KV cache and activations must (:func:`tasks.memory.estimate_point_memory`). A point
-that does not fit, or that raises, is recorded as failed with its cause, and the sweep goes on.
+that point's KV cache and activations must (:func:`tasks.memory.estimate_point_memory`, at the
+point's own max_new_tokens). A point that does not fit, or that raises, is recorded as failed
+with its cause, and the sweep goes on.
+
+Points that may not fit run in a child process. An estimate is an estimate: a point whose
+whole need (weights included) exceeds :data:`CHILD_PROCESS_FRACTION` of the memory available
+when its dtype's turn comes runs in a ``multiprocessing`` *spawn* child that loads the model and
+profiles only that point, after the points that clearly fit have run in this process and this
+process's copy of the model has been released. If the kernel's out-of-memory killer ends the
+child (SIGKILL, a negative exit code), only the child dies: the point is recorded failed as
+``PointProcessDied: ...`` naming the signal, the estimate and the available memory, and the sweep
+goes on. A Python exception inside the child is recorded exactly like one in this process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+import multiprocessing
+import signal
+import sys
+import types
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
 
 from tasks import profile
 from tasks.memory import (
+    MemoryNeedError,
+    PointMemory,
+    _gib,
     available_memory_bytes,
     check_memory,
     dtype_bytes,
@@ -30,23 +48,42 @@ from tasks.memory import (
 )
 from tasks.models import default_dtype, load_model, model_config, parameter_count, resolve
 
-__all__ = ["SweepPoint", "check_request", "run_sweep", "sweep_points"]
+__all__ = [
+    "CHILD_PROCESS_FRACTION", "PointProcessDied", "SweepPoint", "check_request", "run_sweep",
+    "sweep_points",
+]
 
 DTYPES = ("float32", "bfloat16", "float16")
+
+#: A point whose estimated need (weights + KV cache + activations, bytes) exceeds this share of
+#: the memory available runs in a spawned child process (:func:`run_sweep`, ``child_fraction``).
+CHILD_PROCESS_FRACTION = 0.5
+
+
+class PointProcessDied(RuntimeError):
+    """The child process that ran a point ended without a result (e.g. SIGKILL from the
+    kernel's out-of-memory killer)."""
 
 
 @dataclass(frozen=True)
 class SweepPoint:
-    """One point's parameters (prompt length and chunk size in tokens)."""
+    """One point's parameters (prompt length, chunk size and max_new_tokens in tokens).
+
+    ``max_new_tokens`` None = the ``max_new_tokens`` given to :func:`run_sweep`.
+    """
 
     prompt_tokens: int
     batch_size: int
     dtype: str
     prefill_chunk_size: int = 0
+    max_new_tokens: int | None = None
 
-    def label(self) -> str:
+    def label(self, steps: bool = False) -> str:
+        """``N=128 B=4 bfloat16 chunk=64``; ``steps``: also ``T=32`` (max_new_tokens), for a
+        sweep over more than one max_new_tokens value."""
         chunk = f" chunk={self.prefill_chunk_size}" if self.prefill_chunk_size else ""
-        return f"N={self.prompt_tokens} B={self.batch_size} {self.dtype}{chunk}"
+        shown = f" T={self.max_new_tokens}" if steps and self.max_new_tokens is not None else ""
+        return f"N={self.prompt_tokens} B={self.batch_size} {self.dtype}{chunk}{shown}"
 
 
 def sweep_points(
@@ -54,19 +91,35 @@ def sweep_points(
     batch_sizes: Sequence[int],
     dtypes: Sequence[str],
     prefill_chunk_sizes: Sequence[int] = (0,),
+    max_new_tokens: int | Sequence[int] | None = None,
 ) -> list[SweepPoint]:
-    """The cross product, dtype-major (one model per dtype), then prompt length, batch, chunk.
+    """The cross product, dtype-major (one model per dtype), then prompt length, batch, chunk,
+    max_new_tokens (None: the points carry None and take :func:`run_sweep`'s value).
 
     A chunk size >= the prompt length is the same as no chunking: such points are dropped
     unless no smaller chunk size was asked for (then one unchunked point, chunk 0, remains).
     """
+    steps_values = _as_list(max_new_tokens) if max_new_tokens is not None else [None]
     points: list[SweepPoint] = []
     for dtype in dtypes:
         for n in prompt_lengths:
             chunks = sorted({c if 0 < c < n else 0 for c in prefill_chunk_sizes})
             for batch in batch_sizes:
-                points.extend(SweepPoint(n, batch, dtype, c) for c in chunks)
+                points.extend(
+                    SweepPoint(n, batch, dtype, c, t) for c in chunks for t in steps_values
+                )
     return points
+
+
+def _as_list(values: int | Sequence[int]) -> list[int]:
+    return [int(values)] if isinstance(values, int) else [int(v) for v in values]
+
+
+def steps_swept(points: Sequence[SweepPoint] | Sequence[dict]) -> bool:
+    """Whether the points (or result rows) hold more than one max_new_tokens value; labels
+    then show ``T=``."""
+    values = {p["max_new_tokens"] if isinstance(p, dict) else p.max_new_tokens for p in points}
+    return len(values) > 1
 
 
 def dtype_supported(dtype: str, device: torch.device) -> bool:
@@ -89,13 +142,14 @@ def check_request(
     spec: str,
     dtypes: Sequence[str] | None,
     prompt_lengths: Sequence[int],
-    max_new_tokens: int,
+    max_new_tokens: int | Sequence[int],
     device: str,
     num_layers: int | None = None,
 ) -> tuple[torch.device, list[str], Any]:
     """Validate a sweep before anything heavy happens.
 
     Returns (device, dtypes, config); ``dtypes`` None = the spec's default (:func:`default_dtype`).
+    ``max_new_tokens``: one value or the swept values; the context check uses the largest.
 
     Raises:
         tasks.models.ModelSourceError: the spec does not resolve (unknown preset: the message
@@ -119,12 +173,17 @@ def check_request(
     config = model_config(spec, num_layers=num_layers)
     text = config.get_text_config(decoder=True)
     context = getattr(text, "max_position_embeddings", None)
+    steps = max(_as_list(max_new_tokens))
     if context:
-        too_long = [n for n in prompt_lengths if n + max_new_tokens > context]
+        too_long = [n for n in prompt_lengths if n + steps > context]
         if too_long:
+            fix = (
+                f"use prompt lengths <= {context - steps} or a smaller max_new_tokens"
+                if steps < context else f"use max_new_tokens < {context}"
+            )
             raise ValueError(
-                f"prompt length {too_long[0]} + max_new_tokens {max_new_tokens} exceeds the model's "
-                f"context of {context} tokens; use prompt lengths <= {context - max_new_tokens}"
+                f"prompt length {too_long[0]} + max_new_tokens {steps} exceeds the model's "
+                f"context of {context} tokens; {fix}"
             )
     return resolved, chosen, config
 
@@ -137,101 +196,250 @@ def _touch_weights(model: torch.nn.Module, device: torch.device) -> None:
         model(input_ids=torch.zeros((1, 1), dtype=torch.long, device=device), use_cache=False)
 
 
+def _describe(exc: BaseException) -> str:
+    """``"ExceptionClass: message"``, at most 1000 characters: a failed point's ``error``."""
+    return f"{type(exc).__name__}: {exc}"[:1000]
+
+
+def _profile_loaded(
+    model: torch.nn.Module, tokenizer: Any, point: SweepPoint, random_weights: bool,
+    repeats: int, warmup: int, device: torch.device,
+) -> dict[str, Any]:
+    """One point on a loaded model: :func:`tasks.profile.profile_point` plus ``generated_text``
+    (None for random weights: their text means nothing)."""
+    prompt_ids = profile.make_prompt_ids(tokenizer, point.prompt_tokens)
+    data = profile.profile_point(
+        model, prompt_ids=prompt_ids, batch_size=point.batch_size,
+        max_new_tokens=point.max_new_tokens, repeats=repeats, warmup=warmup, device=device,
+        prefill_chunk_size=point.prefill_chunk_size,
+    )
+    data["generated_text"] = (
+        None if random_weights else tokenizer.decode(data.get("generated_token_ids", []))
+    )
+    return data
+
+
+def _point_in_child(
+    conn: Any, spec: str, device: str, num_layers: int | None, point: SweepPoint,
+    repeats: int, warmup: int,
+) -> None:
+    """The body of a spawned child: load the model, profile one point, send ``("ok", data)``
+    or ``("error", "ExceptionClass: message")`` through ``conn``."""
+    try:
+        resolved = profile.resolve_device(device)
+        model, tokenizer = load_model(spec, point.dtype, str(resolved), num_layers=num_layers)
+        _touch_weights(model, resolved)
+        message: tuple[str, Any] = (
+            "ok", _profile_loaded(model, tokenizer, point, resolve(spec).random_weights,
+                                  repeats, warmup, resolved),
+        )
+    except Exception as exc:  # noqa: BLE001 - sent to the parent, recorded there
+        message = ("error", _describe(exc))
+    conn.send(message)
+    conn.close()
+
+
+@contextlib.contextmanager
+def _bare_main():
+    """Hide the main module from ``multiprocessing`` while a spawn child starts.
+
+    A spawn child re-runs the parent's main module (as ``__mp_main__``) so that targets defined
+    there can be found. The target here lives in this module, so that re-run buys nothing and
+    costs much: under the ``infermeter`` script it imports prefect and the CLI into a child that
+    may be short of memory, and a script without an ``if __name__ == "__main__":`` guard would
+    start its sweep again in the child. An empty ``__main__`` (no ``__file__``, no ``__spec__``)
+    while ``start()`` gathers the child's preparation data makes the child skip it.
+    """
+    main = sys.modules.get("__main__")
+    sys.modules["__main__"] = types.ModuleType("__main__")
+    try:
+        yield
+    finally:
+        if main is not None:
+            sys.modules["__main__"] = main
+
+
+def _run_in_child(
+    spec: str, point: SweepPoint, *, device: torch.device, num_layers: int | None,
+    repeats: int, warmup: int,
+) -> tuple[tuple[str, Any] | None, int | None]:
+    """Run one point in a ``multiprocessing`` spawn child; returns (its message or None when it
+    ended without one, its exit code; negative = killed by that signal)."""
+    context = multiprocessing.get_context("spawn")  # fork is unsafe with CUDA and threads
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(
+        target=_point_in_child, args=(send, spec, str(device), num_layers, point, repeats, warmup),
+        name=f"infermeter profile {point.label(True)}", daemon=True,
+    )
+    with _bare_main():
+        child.start()
+    send.close()  # the child holds the only write end: its death ends recv() with EOFError
+    try:
+        message = receive.recv()
+    except EOFError:
+        message = None
+    finally:
+        receive.close()
+    child.join()
+    return message, child.exitcode
+
+
+def _death_cause(label: str, exitcode: int | None, need: PointMemory, free: int) -> str:
+    """The one-line ``error`` of a point whose child ended without a result."""
+    if exitcode is not None and exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        how = f"was killed by {name} (exit code {exitcode})"
+        if -exitcode == signal.SIGKILL:
+            how += ", as the kernel's out-of-memory killer does"
+    else:
+        how = f"exited with code {exitcode} without a result"
+    return _describe(PointProcessDied(
+        f"{label}: the child process running the point {how}; estimated need about "
+        f"{_gib(need.total_bytes)} (weights {_gib(need.weights_bytes)} + KV cache "
+        f"{_gib(need.kv_cache_bytes)} + activations {_gib(need.activation_bytes)}), "
+        f"{_gib(free)} available; use a smaller batch or prompt, bfloat16, or a prefill chunk size"
+    ))
+
+
 def run_sweep(
     spec: str,
     points: Sequence[SweepPoint],
     *,
-    max_new_tokens: int,
+    max_new_tokens: int | None = None,
     repeats: int,
     warmup: int,
     device: torch.device | str,
     num_layers: int | None = None,
     on_point: Callable[[int, int, dict], None] | None = None,
     available: Callable[[torch.device], int] = available_memory_bytes,
+    child_fraction: float = CHILD_PROCESS_FRACTION,
 ) -> list[dict[str, Any]]:
-    """Profile every point; returns one dict per point, in order.
+    """Profile every point; returns one dict per point, in the order of ``points``.
+
+    ``max_new_tokens``: the decode steps of points whose own ``max_new_tokens`` is None.
+
+    Per dtype, one reading of ``available(device)`` (bytes) decides: if even the smallest point
+    (weights + KV + activations, :func:`tasks.memory.estimate_point_memory`) does not fit, every
+    point of the dtype fails with ``MemoryNeedError``; points whose need is at most
+    ``child_fraction`` x that reading run in this process on one loaded model (each first
+    checked against a fresh reading, weights resident); the others then run one by one, each
+    in a spawned child process that loads the model itself (each first checked against a fresh
+    reading, weights included, after this process has released its model). ``child_fraction``
+    0 sends every point to a child, ``float("inf")`` none.
 
     Each dict has the point's parameters (model, prompt_tokens, batch_size, dtype,
     prefill_chunk_size, max_new_tokens, device, random_weights), ``failed`` (bool), ``error``
-    (None, or ``"ExceptionClass: message"``) and ``memory_estimate_bytes`` (the estimate the
-    check used); a point that ran also has every key of :func:`tasks.profile.profile_point` and
-    ``generated_text`` (None for random weights: their text means nothing). ``on_point(index,
-    total, result)`` is called after each point, outside any timed region.
+    (None, or ``"ExceptionClass: message"``; ``PointProcessDied: ...`` when a child was killed),
+    ``memory_estimate_bytes`` (the estimate the check used) and ``child_process`` (whether the
+    point ran in a child); a point that ran also has every key of
+    :func:`tasks.profile.profile_point` and ``generated_text`` (None for random weights).
+    ``on_point(index, total, result)`` is called after each point, in the order they ran
+    (index counts finished points), outside any timed region.
 
-    Raises nothing for a point's failure (memory, a torch error): it is recorded.
+    Raises:
+        ValueError: a point has no max_new_tokens and none is given here.
+        Nothing for a point's failure (memory, a torch error, a killed child): it is recorded.
     """
     device = profile.resolve_device(device)
     source = resolve(spec)
-    results: list[dict[str, Any]] = []
-    by_dtype: dict[str, list[SweepPoint]] = {}
-    for point in points:
-        by_dtype.setdefault(point.dtype, []).append(point)
+    points = [p if p.max_new_tokens is not None else replace(p, max_new_tokens=max_new_tokens)
+              for p in points]
+    if any(p.max_new_tokens is None for p in points):
+        raise ValueError("max_new_tokens: give it to run_sweep or to every SweepPoint")
+    show_steps = steps_swept(points)
     config = model_config(spec, num_layers=num_layers)
     parameters = parameter_count(config)
+    results: dict[int, dict[str, Any]] = {}
 
-    def estimate(point: SweepPoint):
+    def estimate(point: SweepPoint) -> PointMemory:
         return estimate_point_memory(
             config, parameters=parameters, dtype_bytes=dtype_bytes(getattr(torch, point.dtype)),
             batch=point.batch_size, prompt_tokens=point.prompt_tokens,
-            max_new_tokens=max_new_tokens, prefill_chunk_size=point.prefill_chunk_size,
+            max_new_tokens=point.max_new_tokens, prefill_chunk_size=point.prefill_chunk_size,
         )
 
-    def record(point: SweepPoint, data: dict, error: BaseException | None) -> None:
+    def record(index: int, point: SweepPoint, data: dict, error: str | None, child: bool) -> None:
         row = {
-            "model": spec, **asdict(point), "max_new_tokens": max_new_tokens,
-            "device": str(device), "random_weights": source.random_weights,
-            "failed": error is not None,
-            "error": None if error is None else f"{type(error).__name__}: {error}"[:1000],
-            "memory_estimate_bytes": estimate(point).total_bytes, **data,
+            "model": spec, **asdict(point), "device": str(device),
+            "random_weights": source.random_weights, "failed": error is not None, "error": error,
+            "memory_estimate_bytes": estimate(point).total_bytes, "child_process": child, **data,
         }
         row["dtype"] = point.dtype
-        results.append(row)
+        results[index] = row
         if on_point is not None:
             on_point(len(results) - 1, len(points), row)
 
+    def release() -> None:
+        gc.collect()
+        if device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the cached blocks back (after an OOM, or a model)
+
+    by_dtype: dict[str, list[tuple[int, SweepPoint]]] = {}
+    for index, point in enumerate(points):
+        by_dtype.setdefault(point.dtype, []).append((index, point))
+
     for dtype, group in by_dtype.items():
-        smallest = min(group, key=lambda p: estimate(p).total_bytes)
+        free = available(device)
+        smallest = min((p for _, p in group), key=lambda p: estimate(p).total_bytes)
         try:
-            check_memory(
-                f"model {spec} in {dtype}", estimate(smallest), available(device), weights_resident=False
-            )
-            model, tokenizer = load_model(spec, dtype, str(device), num_layers=num_layers)
-            _touch_weights(model, device)
-        except Exception as exc:  # every point of this dtype fails with the same cause
-            for point in group:
-                record(point, {}, exc)
+            check_memory(f"model {spec} in {dtype}", estimate(smallest), free, weights_resident=False)
+        except MemoryNeedError as exc:  # every point of this dtype fails with the same cause
+            for index, point in group:
+                record(index, point, {}, _describe(exc), False)
             continue
-        try:
-            for point in group:
+        here = [(i, p) for i, p in group if estimate(p).total_bytes <= child_fraction * free]
+        apart = [(i, p) for i, p in group if estimate(p).total_bytes > child_fraction * free]
+
+        if here:
+            try:
+                model, tokenizer = load_model(spec, dtype, str(device), num_layers=num_layers)
+                _touch_weights(model, device)
+            except Exception as exc:  # noqa: BLE001 - every in-process point of this dtype fails
+                for index, point in here:
+                    record(index, point, {}, _describe(exc), False)
+            else:
                 try:
-                    check_memory(point.label(), estimate(point), available(device), weights_resident=True)
-                    prompt_ids = profile.make_prompt_ids(tokenizer, point.prompt_tokens)
-                    data = profile.profile_point(
-                        model, prompt_ids=prompt_ids, batch_size=point.batch_size,
-                        max_new_tokens=max_new_tokens, repeats=repeats, warmup=warmup,
-                        device=device, prefill_chunk_size=point.prefill_chunk_size,
-                    )
-                except Exception as exc:  # noqa: BLE001 - recorded; the sweep goes on
-                    if device.type == "cuda":
-                        torch.cuda.empty_cache()  # after an OOM, hand the cached blocks back
-                    record(point, {}, exc)
-                    continue
-                data["generated_text"] = (
-                    None if source.random_weights
-                    else tokenizer.decode(data.get("generated_token_ids", []))
-                )
-                record(point, data, None)
-        finally:
-            del model
-            gc.collect()
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
-    return results
+                    for index, point in here:
+                        try:
+                            check_memory(point.label(show_steps), estimate(point), available(device),
+                                         weights_resident=True)
+                            data = _profile_loaded(model, tokenizer, point, source.random_weights,
+                                                   repeats, warmup, device)
+                        except Exception as exc:  # noqa: BLE001 - recorded; the sweep goes on
+                            release()
+                            record(index, point, {}, _describe(exc), False)
+                            continue
+                        record(index, point, data, None, False)
+                finally:
+                    del model, tokenizer
+                    release()
+
+        for index, point in apart:
+            need = estimate(point)
+            free_now = available(device)
+            try:
+                check_memory(point.label(show_steps), need, free_now, weights_resident=False)
+            except MemoryNeedError as exc:
+                record(index, point, {}, _describe(exc), False)
+                continue
+            message, exitcode = _run_in_child(
+                spec, point, device=device, num_layers=num_layers, repeats=repeats, warmup=warmup
+            )
+            if message is None:
+                record(index, point, {}, _death_cause(point.label(show_steps), exitcode, need, free_now), True)
+            elif message[0] == "ok":
+                record(index, point, message[1], None, True)
+            else:
+                record(index, point, {}, message[1], True)
+    return [results[i] for i in range(len(points))]
 
 
-def point_label(row: dict) -> str:
-    """The label of a result row (see :meth:`SweepPoint.label`)."""
+def point_label(row: dict, steps: bool = False) -> str:
+    """The label of a result row (see :meth:`SweepPoint.label`; ``steps``: show ``T=``)."""
     return SweepPoint(
-        row["prompt_tokens"], row["batch_size"], row["dtype"], row.get("prefill_chunk_size", 0)
-    ).label()
-
+        row["prompt_tokens"], row["batch_size"], row["dtype"], row.get("prefill_chunk_size", 0),
+        row.get("max_new_tokens"),
+    ).label(steps)

@@ -188,17 +188,16 @@ def _log_tail(log_path: Path, lines: int = 20) -> str:
 
 
 def _wait_healthy(
-    engine: str, url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float,
-    log_path: Path,
+    name: str, url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float,
+    log_path: Path, timeout_hint: str,
 ) -> None:
-    # llama-cpp-python has no /health route; /v1/models answers on both once the model is loaded.
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(url, headers=headers)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise ServerStartError(
-                f"{engine} server exited with code {proc.returncode} before it was healthy; "
+                f"{name} exited with code {proc.returncode} before it was healthy; "
                 f"its log ({log_path}) ends:\n{_log_tail(log_path)}"
             )
         try:
@@ -209,7 +208,7 @@ def _wait_healthy(
             pass
         time.sleep(0.2)
     raise ServerStartError(
-        f"{engine} server not healthy after {timeout_s:.0f} s (raise server.startup_timeout_s); "
+        f"{name} not healthy after {timeout_s:.0f} s{f' ({timeout_hint})' if timeout_hint else ''}; "
         f"its log ({log_path}) ends:\n{_log_tail(log_path)}"
     )
 
@@ -286,19 +285,47 @@ def embedded_server(
     log_path = log_dir / f"{engine}_server.log"
     env = {k: v for k, v in os.environ.items() if k.upper() not in _KEY_VARS}
     env.update(launch.env)
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            launch.command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,  # its own process group: Ctrl-C reaches us, we stop it all
-        )
-    try:
-        base_url = f"http://127.0.0.1:{port}/v1"
-        _wait_healthy(engine, f"{base_url}/models", api_key, proc, startup_timeout_s, log_path)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    # llama-cpp-python has no /health route; /v1/models answers on both once the model is loaded
+    with background_server(
+        f"{engine} server", launch.command, env, f"{base_url}/models", api_key=api_key,
+        startup_timeout_s=startup_timeout_s, log_path=log_path,
+        timeout_hint="raise server.startup_timeout_s",
+    ) as proc:
         yield EmbeddedServer(
             base_url=base_url, model=source.name, api_key=api_key, pid=proc.pid,
             model_sha256=source.file_sha256() or "", log_path=log_path, engine=engine,
             kind=SERVER_KINDS[engine],
         )
+
+
+@contextmanager
+def background_server(
+    name: str,
+    command: list[str],
+    env: dict[str, str],
+    health_url: str,
+    *,
+    api_key: str | None = None,
+    startup_timeout_s: float,
+    log_path: Path,
+    timeout_hint: str = "",
+) -> Iterator[subprocess.Popen]:
+    """Run ``command`` as a server for the ``with`` block: in its own session (so a Ctrl-C
+    at the terminal reaches only us, and we stop it after our own clean-up), output to
+    ``log_path``, ready once ``health_url`` answers 200; stopped with its whole process tree.
+
+    Raises:
+        ServerStartError: it exited early or did not answer in ``startup_timeout_s`` (the
+            message names it and ends with its log's last lines).
+    """
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            start_new_session=True,
+        )
+    try:
+        _wait_healthy(name, health_url, api_key, proc, startup_timeout_s, log_path, timeout_hint)
+        yield proc
     finally:
         _stop(proc)

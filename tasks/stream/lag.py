@@ -5,16 +5,23 @@ reached the socket. When the event loop is busy (parsing other streams, a blocki
 ready socket waits, and every TTFT / ITL measured in that time is late by the wait: the numbers
 then describe the client, not the server.
 
-:class:`LoopLagProbe` measures that wait directly with a synthetic stream: a helper thread
-writes into a socket pair, every ``interval_ms`` on a fixed schedule, the time at which the
-write was due; the event loop's reader callback on the other end records ``now - due``. That is
-the path a real chunk takes (socket readable -> the loop notices -> its callback runs), so the
-probe's lag is the lateness charged to every chunk read in the same moment, minus the chunk's
-own parsing. Counting from the due time (not from the thread's actual wake-up) also charges
-the time this process waited for a CPU or for the GIL: on a machine whose cores are busy with
-other work, the operating system wakes the client late, and its chunks are read late too. A timer-based probe (``asyncio.sleep`` overshoot) was rejected: an idle loop's timer
-already overshoots by up to 1 ms on Linux (epoll rounds its timeout up to whole ms; measured
-here p99 0.94 ms), which would swamp a 1 ms tolerance.
+:class:`LoopLagProbe` measures that wait directly with a synthetic stream: a small helper
+process writes into a pipe, every ``interval_ms``, the time of the write; the event loop's reader
+callback on the other end records ``now - written``. That is the path a real chunk takes (an fd
+becomes readable -> the loop notices -> its callback runs), so the probe's lag is the lateness
+charged to every chunk read in the same moment, minus the chunk's own parsing. It also charges
+the time this process waited for a CPU: on a machine whose cores are busy with other work, the
+operating system runs the client late, and both the pipe and the sockets are read late.
+
+The writer is a separate process, not a thread: a thread would need this process's GIL to
+write, and while the loop parses other streams it waits for it (up to the 5 ms switch interval),
+so the probe would charge a lag no chunk suffered (measured here with a thread stamping its due
+time: the flag was raised at 1 and 16 streams where the ITL error p99 stayed under 1 ms). The
+write is stamped when it happens, so the writer's own lateness is never charged. A timer-based
+probe (``asyncio.sleep`` overshoot) was rejected too: an idle loop's timer already overshoots by
+up to 1 ms on Linux (epoll rounds its timeout up to whole ms; measured here p99 0.94 ms), which
+would swamp a 1 ms tolerance. Timestamps are ``time.perf_counter_ns`` (CLOCK_MONOTONIC on Linux:
+one clock for every process on the machine).
 
 Only lag that can reach a measurement counts: given the level's chunk arrival times, a sample
 stamped at ``t`` with lag ``L`` is kept when some text chunk arrived in ``[t, t + L + interval]``
@@ -31,9 +38,10 @@ from __future__ import annotations
 
 import asyncio
 import bisect
-import socket
+import os
 import struct
-import threading
+import subprocess
+import sys
 import time
 
 from tasks.stats import percentile
@@ -41,35 +49,59 @@ from tasks.stats import percentile
 _STAMP = struct.Struct("<q")
 
 
+# The writer process: plain Python with no imports beyond the standard library, so it starts in
+# tens of milliseconds. argv: the pipe's write fd, the interval in ns. It ends when the pipe
+# is closed (EPIPE) or on SIGTERM.
+_WRITER = """
+import os, struct, sys, time
+fd, step = int(sys.argv[1]), int(sys.argv[2])
+pack, perf, sleep, write = struct.Struct("<q").pack, time.perf_counter_ns, time.sleep, os.write
+due = perf() + step
+try:
+    while True:
+        wait = due - perf()
+        if wait > 0:
+            sleep(wait / 1e9)
+        write(fd, pack(perf()))
+        due += step
+        now = perf()
+        if due < now:
+            due = now + step
+except OSError:
+    pass
+"""
+
+
 class LoopLagProbe:
     """Measure the running loop's read lag while the ``async with`` block runs.
 
     Attributes:
-        lags_ms: one entry per probe stamp received: receive time - stamp time, in ms.
-        stamps_ns: the stamp of each entry (``time.perf_counter_ns``).
+        lags_ms: one entry per probe stamp received: receive time - write time, in ms.
+        stamps_ns: the write time of each entry (``time.perf_counter_ns``).
 
     Usage::
 
         async with LoopLagProbe() as probe:
             ... run the load ...
         probe.p99_ms
+
+    Raises:
+        OSError: the writer process could not be started (on ``__aenter__``).
     """
 
     def __init__(self, interval_ms: float = 2.0) -> None:
         self.interval_s = interval_ms / 1000.0
         self.lags_ms: list[float] = []
         self.stamps_ns: list[int] = []
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._rsock: socket.socket | None = None
-        self._wsock: socket.socket | None = None
+        self._writer: subprocess.Popen | None = None
+        self._rfd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._buffer = b""
 
     def _on_readable(self) -> None:
         now = time.perf_counter_ns()
         try:
-            data = self._rsock.recv(65536)
+            data = os.read(self._rfd, 65536)
         except (BlockingIOError, InterruptedError):
             return
         data = self._buffer + data
@@ -79,40 +111,26 @@ class LoopLagProbe:
             self.stamps_ns.append(stamp)
             self.lags_ms.append((now - stamp) / 1e6)
 
-    def _run(self) -> None:
-        perf, sleep, pack, send = time.perf_counter_ns, time.sleep, _STAMP.pack, self._wsock.send
-        step = int(self.interval_s * 1e9)
-        due = perf() + step
-        while not self._stop.is_set():
-            wait = due - perf()
-            if wait > 0:
-                sleep(wait / 1e9)
-            try:
-                send(pack(due))  # the time it was due: a late wake-up of this thread counts too
-            except OSError:
-                return
-            due += step
-            now = perf()
-            if due < now:  # more than one interval late: resume the schedule from now
-                due = now + step
-
     async def __aenter__(self) -> LoopLagProbe:
         self._loop = asyncio.get_running_loop()
-        self._rsock, self._wsock = socket.socketpair()
-        self._rsock.setblocking(False)
-        self._loop.add_reader(self._rsock.fileno(), self._on_readable)
-        self._thread = threading.Thread(target=self._run, name="loop-lag-probe", daemon=True)
-        self._thread.start()
+        self._rfd, wfd = os.pipe()
+        os.set_blocking(self._rfd, False)
+        try:
+            self._writer = subprocess.Popen(
+                [sys.executable, "-S", "-c", _WRITER, str(wfd), str(int(self.interval_s * 1e9))],
+                pass_fds=(wfd,), stdin=subprocess.DEVNULL, start_new_session=True,
+            )
+        finally:
+            os.close(wfd)
+        self._loop.add_reader(self._rfd, self._on_readable)
         return self
 
     async def __aexit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        await asyncio.sleep(0)  # let a stamp already written be read
-        self._loop.remove_reader(self._rsock.fileno())
-        self._rsock.close()
-        self._wsock.close()
-
+        self._on_readable()  # a stamp already written
+        self._loop.remove_reader(self._rfd)
+        os.close(self._rfd)  # the writer's next write fails with EPIPE and it exits
+        self._writer.terminate()
+        self._writer.wait()
     @property
     def p99_ms(self) -> float | None:
         """The 99th percentile of the lags (None without samples)."""

@@ -18,7 +18,7 @@ from rich.console import Console
 
 from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, preflight,
-    print_headline, run_flow, write_json,
+    print_headline, print_run_links, run_flow,
 )
 from tasks.config import AuditConfig, ServerConfig, describe_validation_error
 from flows import compare, deploy
@@ -63,17 +63,11 @@ def audit(
             fail_input(f"--baseline: {exc}")
     from flows.audit import audit as audit_flow
 
-    state = run_flow(audit_flow, cfg, track=not no_track)
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, dict):  # the flow itself crashed before producing a result
-        err_console.print(f"audit failed: {result}", markup=False)
-        raise typer.Exit(1)
-    write_json(json_path, {k: result[k] for k in ("stages", "headline", "errors", "regression", "mlflow_run_id")})
+    state, result = run_flow("audit", audit_flow, cfg, track=not no_track, json_path=json_path,
+                             json_keys=("stages", "headline", "errors", "regression"))
     print_headline("infermeter audit: headline", result["headline"])
     console.print(f"Records on disk: {result['workdir']}", highlight=False)
-    if result["mlflow_run_id"]:
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
-        console.print(f"Open the UI: {result['ui_command']}")
+    print_run_links(result)
     verdict = result.get("regression")
     if not verdict and result["mlflow_run_id"] and not result["errors"]:
         console.print("Regression verdict: no baseline yet (the first audit of this endpoint and "

@@ -155,21 +155,37 @@ def preflight(track: bool) -> None:
             fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")
 
 
-def run_flow(flow: Any, *args: Any, **kwargs: Any) -> Any:
-    """Run ``flow`` for a CLI command against :func:`flows.prefect_api.prefect_api` and return
-    its final State (``return_state=True``): a failed flow is reported, not raised.
+def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
+             json_keys: tuple[str, ...] = (), **kwargs: Any) -> tuple[Any, dict]:
+    """Run ``flow`` for the CLI command ``name`` against :func:`flows.prefect_api.prefect_api`;
+    write ``--json`` (``json_keys`` of the result plus ``mlflow_run_id``); return the final
+    State and the result dict. A flow that failed with a result is reported by the caller.
 
     Raises:
-        typer.Exit: code 130 after a Ctrl-C, once the run is marked as interrupted (what
-            finished is kept: the records folder is named in the log above).
+        typer.Exit: 1 when the flow crashed before producing a result (the cause goes to
+            stderr); 130 after a Ctrl-C, once the run is marked as interrupted (what finished
+            is kept: the records folder is named in the log above).
     """
     from flows.prefect_api import prefect_api
 
     try:
         with prefect_api():
-            return flow(*args, return_state=True, **kwargs)
+            state = flow(*args, return_state=True, **kwargs)
     except KeyboardInterrupt:
         console.print("[yellow]Interrupted[/]: the requests and points that finished are kept "
                       "(the run's records folder is named above)")
         raise typer.Exit(130) from None
+    result = state.result(raise_on_failure=False)
+    if not isinstance(result, dict):
+        typer.echo(f"{name} failed: {result}", err=True)
+        raise typer.Exit(1)
+    write_json(json_path, {key: result[key] for key in (*json_keys, "mlflow_run_id")})
+    return state, result
 
+
+def print_run_links(result: dict) -> None:
+    """The MLflow run id and the command that opens its UI, when the run was tracked."""
+    if result.get("mlflow_run_id"):
+        console.print(f"MLflow run: {result['mlflow_run_id']}")
+        if result.get("ui_command"):
+            console.print(f"Open the UI: {result['ui_command']}")

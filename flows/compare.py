@@ -57,7 +57,7 @@ def command(
         try:
             plot_metric(frame, metric, plot)
         except KeyError:
-            fail_input(f"--plot: no metric to plot (give --metrics)")
+            fail_input("--plot: no metric to plot (give --metrics)")
     write_json(json_path, {"rows": frame.to_dicts()})
     if markdown:
         typer.echo(markdown_table(frame))

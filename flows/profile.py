@@ -26,7 +26,7 @@ from prefect.states import Completed, Failed
 from rich.table import Table
 
 from flows.cli_common import (
-    apply_overrides, console, fail_input, load_or_fail, parse_list, run_flow, write_json,
+    apply_overrides, console, fail_input, load_or_fail, parse_list, print_run_links, run_flow,
 )
 from tasks.config import AuditConfig
 
@@ -129,17 +129,11 @@ def command(
     })
     check_input(cfg)
 
-    state = run_flow(profile, cfg, track=not no_track, show_progress=True)
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, dict):  # the flow crashed before producing a result
-        typer.echo(f"profile failed: {result}", err=True)
-        raise typer.Exit(1)
-    write_json(json_path, {"points": result["points"], "mlflow_run_id": result["mlflow_run_id"]})
+    _, result = run_flow("profile", profile, cfg, track=not no_track, show_progress=True,
+                         json_path=json_path, json_keys=("points",))
     if result["points"]:
         print_points(result["points"])
-    if result["mlflow_run_id"]:
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
-        console.print(f"Open the UI: {result['ui_command']}")
+    print_run_links(result)
     failed = [p for p in result["points"] if p["failed"]]
     for point in failed:
         typer.echo(f"point {_label(point, result['points'])} failed: {point['error']}", err=True)

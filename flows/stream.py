@@ -27,7 +27,7 @@ from rich.table import Table
 
 from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, parse_list,
-    parse_slos, rate, run_flow, write_json,
+    parse_slos, print_run_links, rate, run_flow,
 )
 from tasks.config import AuditConfig, StreamFlowConfig
 
@@ -199,17 +199,11 @@ def command(
     _check_endpoint(cfg)
     check_embedded_engine(cfg)
 
-    state = run_flow(stream, cfg, track=not no_track)
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, dict):  # the flow crashed before producing a result
-        typer.echo(f"stream failed: {result}", err=True)
-        raise typer.Exit(1)
-    write_json(json_path, {"levels": result["levels"], "mlflow_run_id": result["mlflow_run_id"]})
+    _, result = run_flow("stream", stream, cfg, track=not no_track, json_path=json_path,
+                         json_keys=("levels",))
     if result["levels"]:
         print_levels(result["levels"])
-    if result["mlflow_run_id"]:
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
-        console.print(f"Open the UI: {result['ui_command']}")
+    print_run_links(result)
     if result["error"]:
         typer.echo(f"stream failed: {result['error']}; the requests finished before it are in "
                    f"{Path(result['workdir']) / 'requests.jsonl'}", err=True)

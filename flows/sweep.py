@@ -20,8 +20,7 @@ from rich.table import Table
 
 from flows.audit import new_workdir
 from flows.cli_common import (
-    apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, run_flow,
-    write_json,
+    apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, print_run_links, run_flow,
 )
 from flows.stage_runs import finish_parent, start_parent
 from tasks import report
@@ -101,13 +100,8 @@ def command(
         check_embedded_engine(cfg)
     if no_resume:
         cfg = apply_overrides(cfg, None, {"resume": False})
-    state = run_flow(sweep, cfg, track=not no_track)
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, dict):
-        typer.echo(f"sweep failed: {result}", err=True)
-        raise typer.Exit(1)
-    write_json(json_path, {"points": result["points"], "headline": result["headline"],
-                           "mlflow_run_id": result["mlflow_run_id"]})
+    _, result = run_flow("sweep", sweep, cfg, track=not no_track, json_path=json_path,
+                         json_keys=("points", "headline"))
     table = Table(title="infermeter sweep", header_style="bold")
     columns = {"temperature": "T", "top_p": "top_p", "top_k": "top_k", "status": "status",
                "identical_fraction": "identical", "distinct_2": "distinct-2",
@@ -123,8 +117,7 @@ def command(
     if headline:
         console.print(f"points: {headline['sweep_points']}, skipped (already finished): "
                       f"{headline['sweep_points_skipped']}, failed: {headline['sweep_points_failed']}")
-    if result["mlflow_run_id"]:
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
+    print_run_links(result)
     if result["error"]:
         typer.echo(f"sweep failed: {result['error']}", err=True)
         raise typer.Exit(1)

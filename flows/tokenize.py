@@ -19,7 +19,9 @@ from rich.table import Table
 from rich.text import Text
 
 from flows.audit import new_workdir
-from flows.cli_common import apply_overrides, console, fail_input, parse_list, run_flow, write_json
+from flows.cli_common import (
+    apply_overrides, console, fail_input, parse_list, print_run_links, run_flow, write_json,
+)
 from flows.stage_runs import finish_parent, start_parent
 from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TrackingConfig
@@ -104,10 +106,9 @@ def command(
             tokenizers.load(name, model)
     except tokenizers.TokenizerError as exc:
         fail_input(f"--tokenizers: {exc}")
-    state = run_flow(tokenize, cfg, model=model, track=not no_track)
-    result = state.result(raise_on_failure=False)
-    if not isinstance(result, dict) or state.is_failed():
-        typer.echo(f"tokenize failed: {result.get('error') if isinstance(result, dict) else result}", err=True)
+    state, result = run_flow("tokenize", tokenize, cfg, model=model, track=not no_track)
+    if state.is_failed():
+        typer.echo(f"tokenize failed: {result.get('error')}", err=True)
         raise typer.Exit(1)
     write_json(json_path, {"rows": result["rows"], "mlflow_run_id": result["mlflow_run_id"]})
     table = Table(title="infermeter tokenize", header_style="bold")
@@ -118,5 +119,4 @@ def command(
         table.add_row(Text(r["tokenizer"]), Text(r["text"].replace("\n", "⏎")[:40]), str(r["token_count"]),
                       f"{r['chars_per_token'] or 0:.2f}", Text(" | ".join(r["pieces"])[:80]))
     console.print(table)
-    if result["mlflow_run_id"]:
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
+    print_run_links(result)

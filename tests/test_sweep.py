@@ -2,7 +2,6 @@
 the real embedded llama.cpp server, a resumed sweep skipping exactly the finished points, and a
 point whose requests fail recorded as failed while the rest finish."""
 
-import os
 import subprocess
 import sys
 from pathlib import Path

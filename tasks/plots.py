@@ -15,6 +15,7 @@ its path. Imports only matplotlib and polars.
 
 from __future__ import annotations
 
+import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -36,8 +37,12 @@ _WQY_PATH = Path("/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc")
 if not any(f.name in _CJK_NAMES for f in font_manager.fontManager.ttflist) and _WQY_PATH.exists():
     font_manager.fontManager.addfont(str(_WQY_PATH))
 _CJK = [f.name for f in font_manager.fontManager.ttflist if f.name in _CJK_NAMES]
-matplotlib.rcParams["font.sans-serif"] = ["DejaVu Sans", *dict.fromkeys(_CJK)]
-warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
+# Set where the text is drawn (rc_context), not once at import: another library resetting
+# matplotlib's rcParams in the same process must not take the fallback away.
+# Fallback works across the names in font.family, not across the font.sans-serif list. (The
+# font manager logs a notice per draw that WenQuanYi has no "normal" weight, only "medium".)
+logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+_FONTS = {"font.family": ["DejaVu Sans", *dict.fromkeys(_CJK)]}
 
 
 def rate_label(request_rate: float | None) -> str:
@@ -120,17 +125,20 @@ def token_count_bars(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     texts = list(dict.fromkeys(r["text"] for r in rows))
     counts = {(r["tokenizer"], r["text"]): r["token_count"] for r in rows}
     width = 0.8 / max(len(names), 1)
-    fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(texts) * max(1, len(names) / 2)), 4.2))
-    for i, name in enumerate(names):
-        xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(texts))]
-        ax.bar(xs, [counts.get((name, t), 0) for t in texts], width, label=name)
-    labels = [t.replace("\n", "⏎") if len(t) <= 18 else t.replace("\n", "⏎")[:16] + "…" for t in texts]
-    ax.set_xticks(range(len(texts)), labels, rotation=30, ha="right", fontsize=8)
-    ax.set_ylabel("tokens")
-    ax.set_title("token count per prompt and tokenizer (no special tokens)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return _save(fig, path)
+    with plt.rc_context(_FONTS), warnings.catch_warnings():
+        if not _CJK:  # missing glyphs are drawn as boxes, not warned about one by one
+            warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
+        fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(texts) * max(1, len(names) / 2)), 4.2))
+        for i, name in enumerate(names):
+            xs = [j + (i - (len(names) - 1) / 2) * width for j in range(len(texts))]
+            ax.bar(xs, [counts.get((name, t), 0) for t in texts], width, label=name)
+        labels = [t.replace("\n", "⏎") if len(t) <= 18 else t.replace("\n", "⏎")[:16] + "…" for t in texts]
+        ax.set_xticks(range(len(texts)), labels, rotation=30, ha="right", fontsize=8)
+        ax.set_ylabel("tokens")
+        ax.set_title("token count per prompt and tokenizer (no special tokens)")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        return _save(fig, path)
 
 
 def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> Path:

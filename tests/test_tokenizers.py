@@ -165,3 +165,23 @@ def test_cli_tokenize_json_and_mlflow(tmp_path, mlflow_store):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = json.loads(Path(client.download_artifacts(child.info.run_id, "tokens_table.json", str(tmp_path))).read_text())
     assert len(table["data"]) == 9 and "token_count" in table["columns"]
+
+
+def test_chinese_prompts_render_with_a_cjk_font_even_after_an_rc_reset(tmp_path):
+    """The token-count chart draws the seed's Chinese probes with the installed CJK font (CI
+    installs fonts-wqy-zenhei), also after another library reset matplotlib's rcParams."""
+    import warnings
+
+    import matplotlib
+
+    from tasks import plots
+
+    if not plots._CJK:
+        pytest.skip("no CJK font installed (Debian: fonts-wqy-zenhei)")
+    matplotlib.rcdefaults()
+    rows = [{"tokenizer": "smollm2", "text": "大语言模型的推理速度", "token_count": 9}]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        path = plots.token_count_bars(rows, tmp_path / "tokens.png")
+    assert path.stat().st_size > 1000
+    assert not [w for w in caught if "missing from font" in str(w.message)], caught[:1]

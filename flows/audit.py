@@ -9,53 +9,27 @@ stages end, on failure too.
 
 from __future__ import annotations
 
-import os
-import tempfile
-import time
 import traceback
-from pathlib import Path
 
 from prefect import flow, get_run_logger
-from prefect.artifacts import create_markdown_artifact
-from prefect.runtime import flow_run
 from prefect.states import Completed, Failed
 
+from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
 from tasks import report
 from tasks.baseline import judge
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
-from tasks.environment import environment_tags
-from tasks.models import REPO_ROOT
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
-from tasks.tracking import TrackingTarget, flatten_params
-
-
-def new_workdir(kind: str) -> Path:
-    """A fresh folder for this run's records (crash-safe journals live here while running)."""
-    root = Path(os.environ.get("INFERMETER_WORK_DIR", REPO_ROOT / ".cache" / "infermeter" / "runs"))
-    root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-", dir=root))
-
-
-def _prefect_tags() -> dict[str, str]:
-    return {
-        "prefect_flow_run_id": str(flow_run.get_id() or ""),
-        "prefect_flow_run_name": str(flow_run.get_name() or ""),
-    }
+from tasks.tracking import TrackingTarget
 
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:
     """The audit's body; returns the result dict (with ``errors`` per failed stage)."""
     logger = get_run_logger()
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tracker = target.open()
-    run_tags = {
-        **environment_tags(), **_prefect_tags(), "flow": "audit",
-        "model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded",
-    }
-    parent = tracker.start_run(config.name, tags=run_tags)
-    tracker.log_params(parent, flatten_params(config.model_dump(mode="json")))
-    tracker.log_dict(parent, config.model_dump(mode="json"), "config.yaml")
+    tags = run_tags("audit", {"model": config.profile.model,
+                              "endpoint": config.endpoint.base_url or "embedded"})
+    tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), tags)
     workdir = new_workdir("audit")
     logger.info("MLflow run %s; records in %s", parent, workdir)
 
@@ -79,7 +53,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         try:
             with open_endpoint(config.endpoint, config.server) as endpoint:
                 endpoint_kind = endpoint.server_kind
-                run_tags.update(endpoint.identity())
+                tags.update(endpoint.identity())
                 tracker.set_tags(parent, endpoint.identity())
                 if config.stream.enabled:
                     attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
@@ -92,25 +66,17 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
 
     headline = report.headline(stages)
     summary = report.summary_markdown(stages, errors, endpoint_kind)
-    tracker.log_metrics(parent, headline)
     verdict = None
     if parent and config.regression.enabled and not errors:
         try:
-            verdict = judge(tracker, parent, headline, run_tags, config.regression)
+            verdict = judge(tracker, parent, headline, tags, config.regression)
         except LookupError as exc:  # a named baseline that does not exist
             errors["regression"] = str(exc)
     if verdict is not None:
         summary += "\n" + verdict.markdown()
         logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
-    tracker.log_text(parent, summary, "summary.md")
-    if errors:
-        tracker.set_tags(parent, {"error": "; ".join(f"{k}: {v}" for k, v in errors.items())})
-    tracker.end_run(parent, "FAILED" if errors else "FINISHED")
-    link = tracker.run_url(parent) or f"MLflow run id `{parent}` in {tracker.tracking_uri}"
-    try:
-        create_markdown_artifact(f"{summary}\n\nMLflow: {link}\n", key="audit-summary")
-    except Exception as exc:  # the artifact is a convenience; the measurements are in MLflow
-        logger.warning("could not create the Prefect artifact: %s", exc)
+    error = "; ".join(f"{k}: {v}" for k, v in errors.items()) or None
+    finish_parent(tracker, parent, headline, error, summary, artifact_key="audit-summary")
     return {
         "stages": stages, "headline": headline, "errors": errors,
         "regression": None if verdict is None else {

@@ -39,37 +39,35 @@ _SECTIONS = ("profile", "tracking")
 def run_profile(config: AuditConfig, track: bool = True, show_progress: bool = False) -> dict:
     """The flow's body: ``{"points", "headline", "error", "mlflow_run_id", "workdir",
     "ui_command"}`` (``error`` None, or why the stage failed)."""
-    from flows.audit import _prefect_tags, new_workdir
-    from tasks.environment import environment_tags
+    from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
     from tasks.models import resolve
     from tasks.pipeline import ProfileSweepFailed, profile_stage
-    from tasks.tracking import TrackingTarget, flatten_params
+    from tasks.tracking import TrackingTarget
 
     logger = get_run_logger()
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tracker = target.open()
-    parent = tracker.start_run(f"{config.name}-profile" if config.name != "audit" else "profile", tags={
-        **environment_tags(), **_prefect_tags(), "flow": "profile", "model": config.profile.model,
-        "random_weights": resolve(config.profile.model).random_weights,
-    })
-    used = config.model_dump(mode="json", include=set(_SECTIONS))
-    tracker.log_params(parent, flatten_params(used))
-    tracker.log_dict(parent, used, "config.yaml")
+    tracker, parent = start_parent(
+        target, f"{config.name}-profile" if config.name != "audit" else "profile",
+        config.model_dump(mode="json", include=set(_SECTIONS)),
+        run_tags("profile", {"model": config.profile.model,
+                             "random_weights": resolve(config.profile.model).random_weights}),
+    )
     workdir = new_workdir("profile")
     logger.info("MLflow run %s; records in %s", parent, workdir)
     result: dict = {"points": [], "headline": {}, "error": None}
     try:
         stage = profile_stage(config.profile, target, parent, str(workdir), show_progress=show_progress)
         result.update(points=stage["points"], headline=stage["headline"])
-        tracker.log_metrics(parent, stage["headline"])
     except ProfileSweepFailed as exc:
         result.update(points=exc.points, error=str(exc))
     except Exception as exc:  # recorded on the parent; the command exits 1
         result["error"] = f"{type(exc).__name__}: {exc}"
     if result["error"]:
-        tracker.set_tags(parent, {"error": result["error"][:500]})
         logger.error("profile failed: %s", result["error"])
-    tracker.end_run(parent, "FAILED" if result["error"] else "FINISHED")
+    failed = sum(1 for point in result["points"] if point["failed"])
+    summary = (f"# infermeter profile\n\n{config.profile.model}: {len(result['points'])} points, "
+               f"{failed} failed\n" + (f"\nfailed: {result['error']}\n" if result["error"] else ""))
+    finish_parent(tracker, parent, result["headline"], result["error"], summary)
     return {**result, "mlflow_run_id": parent, "workdir": str(workdir),
             "ui_command": tracker.ui_command() if parent else None}
 

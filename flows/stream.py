@@ -37,8 +37,7 @@ from tasks.config import AuditConfig, StreamFlowConfig
 def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "mlflow_run_id", "workdir", "error"}``
     (``error`` is None, or the message of the failure that ended the run early)."""
-    from flows.audit import new_workdir
-    from flows.stage_runs import finish_parent, start_parent
+    from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
     from tasks import report
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
@@ -46,10 +45,10 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
 
     logger = get_run_logger()
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tracker, parent = start_parent(target, config.name, "stream", config, {
+    tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), run_tags("stream", {
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
-    })
+    }))
     workdir = new_workdir("stream")
     logger.info("MLflow run %s; records in %s", parent, workdir)
     result: dict = {"levels": [], "headline": {}, "error": None}

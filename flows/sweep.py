@@ -18,11 +18,10 @@ from prefect import flow
 from prefect.states import Completed, Failed
 from rich.table import Table
 
-from flows.audit import new_workdir
 from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, print_run_links, run_flow,
 )
-from flows.stage_runs import finish_parent, start_parent
+from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
 from tasks import report
 from tasks.config import SweepFlowConfig
 from tasks.endpoint import open_endpoint
@@ -35,28 +34,29 @@ def sweep(config: SweepFlowConfig = SweepFlowConfig(), track: bool = True):
     """N samples per sampling point (temperature / top_p / top_k / seed / max_tokens)."""
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
     local = config.sweep.target == "local"
-    tracker, parent = start_parent(target, config.name, "sweep", config, {
+    tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), run_tags("sweep", {
         "model": config.sweep.local_model if local else config.server.model,
         "endpoint": "local" if local else (config.endpoint.base_url or "embedded"),
-    })
+    }))
     common = dict(target=target, parent_run_id=parent, workdir=str(new_workdir("sweep")),
                   resume=config.resume)
-    result, error = None, None
+    result, error, kind = None, None, None
     try:
         if local:
             result = sweep_stage(config.sweep, None, **common)
         else:
             with open_endpoint(config.endpoint, config.server) as endpoint:
+                kind = endpoint.server_kind
                 tracker.set_tags(parent, endpoint.identity())
                 result = sweep_stage(config.sweep, endpoint, **common)
     except Exception as exc:  # the stage run records the traceback; the parent the cause
         error = f"{type(exc).__name__}: {exc}"
     stages = {"sweep": result} if result else {}
-    summary = report.summary_markdown(stages, {"sweep": error} if error else {},
-                                      None if local else "llama.cpp")
+    summary = report.summary_markdown(stages, {"sweep": error} if error else {}, kind)
     finish_parent(tracker, parent, (result or {}).get("headline", {}), error, summary)
     data = {"points": (result or {}).get("points", []), "headline": (result or {}).get("headline", {}),
-            "error": error, "mlflow_run_id": parent}
+            "error": error, "mlflow_run_id": parent,
+            "ui_command": tracker.ui_command() if parent else None}
     return Failed(message=error, data=data) if error else Completed(data=data)
 
 

@@ -18,11 +18,10 @@ from prefect.states import Completed, Failed
 from rich.table import Table
 from rich.text import Text
 
-from flows.audit import new_workdir
 from flows.cli_common import (
     apply_overrides, console, fail_input, parse_list, print_run_links, run_flow, write_json,
 )
-from flows.stage_runs import finish_parent, start_parent
+from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
 from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TrackingConfig
 from tasks.pipeline import tokenize_stage
@@ -40,7 +39,8 @@ def tokenize(
 ):
     """Tokenize the prompts with every tokenizer: ids, pieces, counts, chars/bytes per token."""
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track)
-    tracker, parent = start_parent(target, "tokenize", "tokenize", config, {"model": model})
+    tracker, parent = start_parent(target, "tokenize", config.model_dump(mode="json"),
+                                   run_tags("tokenize", {"model": model}))
     try:
         result = tokenize_stage(config, model, target, parent, str(new_workdir("tokenize")))
     except Exception as exc:
@@ -48,7 +48,8 @@ def tokenize(
         finish_parent(tracker, parent, {}, error, f"# infermeter tokenize\n\nfailed: {error}\n")
         return Failed(message=error, data={"rows": [], "error": error, "mlflow_run_id": parent})
     finish_parent(tracker, parent, result["metrics"], None, _summary(result["rows"]))
-    return Completed(data={**result, "mlflow_run_id": parent})
+    return Completed(data={**result, "mlflow_run_id": parent,
+                           "ui_command": tracker.ui_command() if parent else None})
 
 
 def _summary(rows: list[dict]) -> str:

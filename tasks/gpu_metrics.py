@@ -4,9 +4,10 @@ NVML is NVIDIA's management library (``libnvidia-ml.so``, shipped with the drive
 binding is the PyPI package ``nvidia-ml-py`` (``import pynvml``). :class:`NvmlSampler` reads, in
 a background thread every ``interval_s`` while its ``with`` block runs:
 
-- ``nvmlDeviceGetPowerUsage``: board power draw in milliwatts. On Ampere and later GPUs the
-  driver reports a one-second moving average, so a block shorter than about a second is
-  smoothed with what came before it;
+- ``nvmlDeviceGetPowerUsage``: board power draw in milliwatts. On Ampere GPUs other than the
+  GA100 (A100) and on newer ones (H100, H200, ...) NVML reports a one-second average, so a
+  block shorter than about a second is smoothed with what came before it; GA100 and older
+  report instantaneous power (NVML API reference, nvmlDeviceGetPowerUsage);
 - ``nvmlDeviceGetUtilizationRates(...).gpu``: the percent of the driver's last sample period
   (between 1/6 s and 1 s, by GPU) during which one or more kernels ran: a busy fraction, not a
   measure of how much of the GPU's compute was used;

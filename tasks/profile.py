@@ -572,8 +572,10 @@ def random_llama(
 _SHAPE_DEFAULTS = {"hidden": 4096, "heads": 32, "kv_heads": None, "intermediate": None, "vocab": 32000}
 
 
-def _build_standalone(args: argparse.Namespace, device: torch.device) -> tuple[torch.nn.Module, int, str]:
-    """The model of ``python -m tasks.profile``: (model, vocab size, spec or "shape flags").
+def _build_standalone(
+    args: argparse.Namespace, device: torch.device
+) -> tuple[torch.nn.Module, int, str | None]:
+    """The model of ``python -m tasks.profile``: (model, vocab size, the --model spec or None).
 
     Raises:
         ValueError: shape flags beside --model, a spec that is not arch:, an unknown preset, a
@@ -591,7 +593,7 @@ def _build_standalone(args: argparse.Namespace, device: torch.device) -> tuple[t
             max_positions=max(4096, args.prompt_length + args.max_new_tokens),
             dtype=getattr(torch, dtype), device=device, seed=args.seed,
         )
-        return model, shape["vocab"], "shape flags"
+        return model, shape["vocab"], None
 
     from tasks.memory import available_memory_bytes, check_memory, estimate_point_memory
     from tasks.models import build_arch_model, default_dtype, parameter_count

@@ -197,8 +197,9 @@ def _touch_weights(model: torch.nn.Module, device: torch.device) -> None:
 
 
 def _describe(exc: BaseException) -> str:
-    """``"ExceptionClass: message"``, at most 1000 characters: a failed point's ``error``."""
-    return f"{type(exc).__name__}: {exc}"[:1000]
+    """``"ExceptionClass: message"`` on one line (whitespace runs folded to one space), at most
+    1000 characters: a failed point's ``error``."""
+    return " ".join(f"{type(exc).__name__}: {exc}".split())[:1000]
 
 
 def _profile_loaded(

@@ -252,7 +252,7 @@ def test_standalone_entry_point_prints_a_point(capsys):
     ])
     assert code == 0
     point = json.loads(capsys.readouterr().out)
-    assert point["random_weights"] is True
+    assert point["random_weights"] is True and point["model"] is None  # shape flags, no preset
     assert point["input_ids_shape"] == [1, 12] and len(point["decode_ms"]) == 3
     assert point["kv_cache_bytes"] == point["kv_cache_bytes_formula"] == 1 * 15 * 2 * 1 * 1 * 16 * 4
     assert point["kv_seed_formula_ratio"] == 4.0

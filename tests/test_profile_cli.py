@@ -39,6 +39,9 @@ def _one_line_exit_2(result, *needles):
     (["--model", "arch:llama-2-7b", "--prompt-lengths", "64,5000"], ["5000", "context of 4096"]),
     (["--model", "arch:smollm2-135m", "--prefill-chunk-sizes", "-4"], ["prefill_chunk_sizes"]),
     (["--model", "arch:smollm2-135m", "--device", "tpu"], ["--device", "auto, cpu, cuda"]),
+    (["--model", "arch:llama-2-7b", "--prompt-lengths", "4000", "--max-new-tokens", "8,200"],
+     ["max_new_tokens 200", "context of 4096"]),  # the largest value is checked
+    (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["max_new_tokens"]),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needles):
     _one_line_exit_2(_run(args, tmp_path, timeout=120), *needles)
@@ -56,9 +59,9 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
 
     out = tmp_path / "out.json"
     result = _run([
-        "--model", "arch:smollm2-135m", "--num-layers", "1", "--prompt-lengths", "16,32",
+        "--model", "arch:smollm2-135m", "--num-layers", "1", "--prompt-lengths", "16",
         "--batch-sizes", "2", "--dtypes", "float32,bfloat16", "--prefill-chunk-sizes", "0,8",
-        "--max-new-tokens", "2", "--repeats", "1", "--warmup", "0", "--json", str(out),
+        "--max-new-tokens", "2,3", "--repeats", "1", "--warmup", "0", "--json", str(out),
     ], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -68,9 +71,14 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
     assert {(p["dtype"], p["prefill_chunk_size"]) for p in points} == {
         ("float32", 0), ("float32", 8), ("bfloat16", 0), ("bfloat16", 8)
     }
-    for p in points:
+    assert sorted(p["max_new_tokens"] for p in points) == [2, 2, 2, 2, 3, 3, 3, 3]
+    for p in points:  # every point keeps its own max_new_tokens
         assert p["kv_cache_bytes"] == p["kv_cache_bytes_formula"]
+        assert p["kv_cache_positions"] == 16 + p["max_new_tokens"] == 16 + len(p["decode_ms"])
         assert p["random_weights"] is True and p["generated_text"] is None
+    header = next(line for line in result.stdout.splitlines() if "prefill" in line and "dtype" in line)
+    assert header.split()[:5] == ["N", "B", "dtype", "chunk", "T"]  # T shown: more than one value
+    assert "T=3" in result.stderr  # the progress bar's point label
     assert "8/8" in result.stderr  # the progress bar reached the end
 
     client = MlflowClient(tracking_uri=mlflow_store[1])
@@ -83,6 +91,11 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
     children = client.search_runs([experiment], f"tags.mlflow.parentRunId = '{stage.info.run_id}'")
     assert len(children) == 8
     assert {c.data.params["prefill_chunk_size"] for c in children} == {"0", "8"}
+    assert {c.data.params["max_new_tokens"] for c in children} == {"2", "3"}
+    assert {c.data.tags["child_process"] for c in children} == {"False"}  # all fit in-process
+    assert {c.data.tags["mlflow.runName"] for c in children} >= {
+        "profile N=16 B=2 float32 T=2", "profile N=16 B=2 bfloat16 chunk=8 T=3",
+    }
     plots = {a.path for a in client.list_artifacts(stage.info.run_id, "plots")}
     assert plots == {
         "plots/prefill_ms_vs_prompt_length.png", "plots/decode_ms_vs_context_position.png",

@@ -3,7 +3,9 @@ bfloat16), prompt 512 and 4096, batch 1 and 8; prints one table.
 
 Needs only torch and transformers (plus this repository's tasks/ modules, which import nothing
 else): no prefect, mlflow or polars, no model download. Each point is checked against the free
-GPU memory before it is allocated; a point that does not fit is a FAILED row.
+GPU memory before it is allocated; a point that does not fit is a FAILED row. When nvidia-ml-py
+is installed and finds the GPU (optional: tasks.gpu_metrics imports it guarded), the table also
+shows the mean board power (W), mean GPU utilisation (%) and energy (J) over the timed repeats.
 
     python tests/benchmarks/gpu_check.py                 # the full check, on CUDA
     python tests/benchmarks/gpu_check.py --smoke         # tiny: 2-layer slices, short prompts, CPU ok
@@ -32,9 +34,18 @@ COLUMNS = (
     ("weights_GiB", "{:.2f}"), ("kv_MiB", "{:.1f}"), ("kv_formula_MiB", "{:.1f}"),
     ("peak_GiB", "{:.2f}"), ("bw_GB/s", "{:.0f}"),
 )
+#: Shown when NVML gave any reading (tasks.gpu_metrics): (title, format, the point's key).
+POWER_COLUMNS = (
+    ("power_W", "{:.0f}", "gpu_power_w_mean"), ("util_%", "{:.0f}", "gpu_utilization_pct_mean"),
+    ("energy_J", "{:.1f}", "gpu_energy_joules"),
+)
 
 
-def _row(point: dict) -> list[str]:
+def _power_shown(points: list[dict]) -> bool:
+    return any(p.get(key) is not None for p in points for _, _, key in POWER_COLUMNS)
+
+
+def _row(point: dict, power: bool = False) -> list[str]:
     name = point["model"].removeprefix("arch:")
     if point["failed"]:
         return [name, str(point["prompt_tokens"]), str(point["batch_size"]), "FAILED: " + point["error"][:90]]
@@ -46,7 +57,11 @@ def _row(point: dict) -> list[str]:
         point["kv_cache_bytes_formula"] / 2**20, point["peak_memory_bytes"] / gib,
         point["decode_bandwidth_gb_per_s"],
     ]
-    return [("n/a" if v is None else fmt.format(v)) for v, (_, fmt) in zip(values, COLUMNS)]
+    formats = [fmt for _, fmt in COLUMNS]
+    if power:
+        values += [point.get(key) for _, _, key in POWER_COLUMNS]
+        formats += [fmt for _, fmt, _ in POWER_COLUMNS]
+    return [("n/a" if v is None else fmt.format(v)) for v, fmt in zip(values, formats)]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
     repeats = args.repeats or (1 if args.smoke else 3)
     layers = 2 if args.smoke else None
     started = time.time()
-    rows, points = [], []
+    points = []
     for preset in PRESETS:
         result = run_sweep(
             f"arch:{preset}", sweep_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
@@ -72,7 +87,6 @@ def main(argv: list[str] | None = None) -> int:
                                            f"B={p['batch_size']} done", file=sys.stderr),
         )
         points += result
-        rows += [_row(p) for p in result]
 
     device = points[0]["device"] if points else args.device
     name = next((p["device_name"] for p in points if not p["failed"]), platform.processor())
@@ -80,11 +94,14 @@ def main(argv: list[str] | None = None) -> int:
           f"{torch.__version__}, bfloat16, random weights, {steps} decode steps, {repeats} repeats "
           f"+ 1 warm-up{', 2-layer slices' if layers else ''}; {time.strftime('%Y-%m-%d')}; "
           f"{time.time() - started:.0f} s")
-    widths = [max(len(c[0]), *(len(r[i]) for r in rows if i < len(r))) for i, c in enumerate(COLUMNS)]
-    print(" | ".join(c[0].rjust(w) for c, w in zip(COLUMNS, widths)))
+    power = _power_shown(points)
+    rows = [_row(p, power) for p in points]
+    titles = [c[0] for c in COLUMNS] + ([c[0] for c in POWER_COLUMNS] if power else [])
+    widths = [max(len(t), *(len(r[i]) for r in rows if i < len(r))) for i, t in enumerate(titles)]
+    print(" | ".join(t.rjust(w) for t, w in zip(titles, widths)))
     print("-+-".join("-" * w for w in widths))
     for r in rows:
-        print(" | ".join(v.rjust(w) for v, w in zip(r, widths)) if len(r) == len(COLUMNS) else " | ".join(r))
+        print(" | ".join(v.rjust(w) for v, w in zip(r, widths)) if len(r) == len(titles) else " | ".join(r))
     if args.json:
         args.json.write_text(json.dumps(points, indent=1, default=str), encoding="utf-8")
     return 1 if any(p["failed"] for p in points) else 0

@@ -20,7 +20,7 @@ from typing import Any
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks import memory, profile, stats
+from tasks import profile, stats
 from tasks.config import ProfileConfig, StreamConfig, SweepConfig, TokenizeConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer

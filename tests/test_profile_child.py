@@ -15,7 +15,6 @@ import threading
 import time
 
 import psutil
-import pytest
 
 from tasks.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.models import model_config, parameter_count

@@ -22,16 +22,19 @@ from flows.cli_common import (
     apply_overrides, check_embedded_engine, console, load_or_fail, parse_list, print_run_links, run_flow,
 )
 from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
-from tasks import report
 from tasks.config import SweepFlowConfig
-from tasks.endpoint import open_endpoint
-from tasks.pipeline import sweep_stage
 from tasks.tracking import TrackingTarget
 
 
 @flow(name="sweep", log_prints=True)
 def sweep(config: SweepFlowConfig = SweepFlowConfig(), track: bool = True):
     """N samples per sampling point (temperature / top_p / top_k / seed / max_tokens)."""
+    # imported here, not at the top: they pull in torch and transformers, which
+    # `infermeter --help` does not need
+    from tasks import report
+    from tasks.endpoint import open_endpoint
+    from tasks.pipeline import sweep_stage
+
     target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
     local = config.sweep.target == "local"
     tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), run_tags("sweep", {

@@ -24,7 +24,6 @@ from flows.cli_common import (
 from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
 from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TrackingConfig
-from tasks.pipeline import tokenize_stage
 from tasks.tracking import TrackingTarget
 
 DEFAULT_TOKENIZERS = "model,cl100k_base,qwen"
@@ -42,6 +41,8 @@ def tokenize(
     tracker, parent = start_parent(target, "tokenize", config.model_dump(mode="json"),
                                    run_tags("tokenize", {"model": model}))
     try:
+        from tasks.pipeline import tokenize_stage  # torch and transformers: not at import
+
         result = tokenize_stage(config, model, target, parent, str(new_workdir("tokenize")))
     except Exception as exc:
         error = f"{type(exc).__name__}: {exc}"

@@ -401,7 +401,8 @@ def sweep_stage(
     with its error class; the other points still run.
 
     ``resume``: points whose ``point_key`` (hash of the point, prompt, sample count and target
-    identity) already has a FINISHED run in the experiment are skipped and reported as such.
+    identity) already has a FINISHED run in the experiment are skipped and reported as such,
+    with that run's figures and samples read back.
     """
     local = cfg.target == "local"
     if not local and endpoint is None:
@@ -443,7 +444,8 @@ def sweep_stage(
             row = {**p.params(), "point_key": keys[p]}
             if p in done:
                 prior = done[p]
-                out.append({**row, "status": "skipped", "error_class": None, "samples": [],
+                samples = run.tracker.load_table(prior["run_id"], "samples.json")
+                out.append({**row, "status": "skipped", "error_class": None, "samples": samples,
                             **_prior_metrics(prior["metrics"]),
                             "mlflow_run_id": prior["run_id"]})
                 continue

@@ -222,6 +222,23 @@ class Tracker:
             columns = list(rows[0])
             self._client.log_table(run_id, {c: [row.get(c) for row in rows] for c in columns}, artifact_file)
 
+    def load_table(self, run_id: str | None, artifact_file: str) -> list[dict]:
+        """The rows of a table that :meth:`log_table` wrote ([] when tracking is off or the run
+        has no such artifact)."""
+        import tempfile
+
+        from mlflow.exceptions import MlflowException
+
+        if not (self.enabled and run_id):
+            return []
+        with tempfile.TemporaryDirectory() as folder:
+            try:
+                path = self._client.download_artifacts(run_id, artifact_file, folder)
+                table = json.loads(Path(path).read_text(encoding="utf-8"))
+            except (MlflowException, OSError, ValueError):
+                return []
+        return [dict(zip(table["columns"], row)) for row in table["data"]]
+
     def run_metrics(self, run_id: str) -> dict[str, float]:
         """The latest value of every metric of a run.
 

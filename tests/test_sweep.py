@@ -102,6 +102,7 @@ def test_temperature_zero_is_deterministic_and_resume_skips_exactly_finished_poi
     again = {p["temperature"]: p for p in second["points"]}
     assert again[0.0]["mlflow_run_id"] == zero["mlflow_run_id"]
     assert again[0.0]["identical_fraction"] == 1.0
+    assert again[0.0]["samples"] == zero["samples"]  # read back from the finished run
     for p in second["points"]:  # never a duplicated child run
         assert len(_point_runs(client, p["point_key"])) == 1
 

@@ -31,7 +31,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                               "endpoint": config.endpoint.base_url or "embedded"})
     tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), tags)
     workdir = new_workdir("audit")
-    logger.info("MLflow run %s; records in %s", parent, workdir)
+    logger.info("MLflow run %s; records in %s", parent or "(not tracked)", workdir)
 
     stages: dict[str, dict] = {}
     errors: dict[str, str] = {}

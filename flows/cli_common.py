@@ -39,8 +39,10 @@ def parse_list(option: str, text: str | None, convert: Callable[[str], T]) -> li
         fail_input(f"{option}: give one or more comma-separated values, e.g. {option} 1,4")
     try:
         return [convert(item) for item in items]
-    except ValueError:
-        fail_input(f"{option}: cannot read {text!r} as a comma-separated list of {convert.__name__}")
+    except ValueError as exc:
+        # int() and float() explain in Python's words; our converters (rate) in the user's
+        reason = "" if convert in (int, float) or "could not convert" in str(exc) else f": {exc}"
+        fail_input(f"{option}: cannot read {text!r} as a comma-separated list of {convert.__name__}{reason}")
 
 
 def rate(text: str) -> float | None:
@@ -49,7 +51,7 @@ def rate(text: str) -> float | None:
     if math.isinf(value) and value > 0:
         return None
     if not value > 0:
-        raise ValueError(text)
+        raise ValueError(f"{text} is not > 0; a rate is requests/s > 0, or inf")
     return value
 
 

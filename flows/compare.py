@@ -47,7 +47,14 @@ def command(
     except Exception as exc:  # a malformed --filter is the usual cause
         fail_input(f"--filter: {str(exc).splitlines()[0]}")
     if not runs:
-        fail_input(f"no runs in experiment {experiment!r} match {filter_string!r}")
+        fail_input(f"no runs in experiment {experiment!r} match {filter_string!r}; other flows' "
+                   "runs: --filter \"tags.flow = 'stream'\" (or profile, sweep, tokenize)")
+    if chosen:
+        logged = {name for run in runs for name in run["metrics"]}
+        unknown = [name for name in chosen if name not in logged]
+        if unknown:
+            fail_input(f"--metrics: {', '.join(unknown)} not logged by these runs; they have e.g. "
+                       f"{', '.join(sorted(logged)[:8])}")
     frame = comparison_frame(runs, chosen)
     if csv:
         frame.write_csv(csv)

@@ -53,7 +53,7 @@ def run_profile(config: AuditConfig, track: bool = True, show_progress: bool = F
                              "random_weights": resolve(config.profile.model).random_weights}),
     )
     workdir = new_workdir("profile")
-    logger.info("MLflow run %s; records in %s", parent, workdir)
+    logger.info("MLflow run %s; records in %s", parent or "(not tracked)", workdir)
     result: dict = {"points": [], "headline": {}, "error": None}
     try:
         stage = profile_stage(config.profile, target, parent, str(workdir), show_progress=show_progress)
@@ -101,7 +101,7 @@ def command(
     prompt_lengths: Annotated[Optional[str], typer.Option(help="Prompt lengths in tokens, e.g. 32,128,512.")] = None,
     batch_sizes: Annotated[Optional[str], typer.Option(help="Batch sizes, e.g. 1,4.")] = None,
     dtypes: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: the model's).")] = None,
-    max_new_tokens: Annotated[Optional[str], typer.Option(help="Decode steps per point (EOS ignored); a list sweeps it, e.g. 8,32.")] = None,
+    max_new_tokens: Annotated[Optional[str], typer.Option(help="Decode steps per point, each one token after the prefill's first (EOS ignored); a list sweeps it, e.g. 8,32.")] = None,
     prefill_chunk_sizes: Annotated[Optional[str], typer.Option(help="Chunked prefill sizes in tokens; 0 = none, e.g. 0,64,256.")] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed repeats per point (median reported).")] = None,

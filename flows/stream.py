@@ -50,7 +50,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
         "endpoint": config.endpoint.base_url or "embedded",
     }))
     workdir = new_workdir("stream")
-    logger.info("MLflow run %s; records in %s", parent, workdir)
+    logger.info("MLflow run %s; records in %s", parent or "(not tracked)", workdir)
     result: dict = {"levels": [], "headline": {}, "error": None}
     kind = None
     try:
@@ -99,7 +99,8 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
 
 def _check_endpoint(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
-    named key variable that is not set (its value is never printed), a base_url where nothing
+    named key variable that is not set (its value is never printed), a tokenizer spec that does
+    not resolve, a base_url where nothing
     accepts a TCP connection (refused, or no answer in 5 s: a run would only log one
     connection error per request)."""
     endpoint = cfg.endpoint
@@ -116,6 +117,13 @@ def _check_endpoint(cfg: StreamFlowConfig) -> None:
             f"--api-key-env: environment variable {endpoint.api_key_env} is not set; export it "
             "or name the variable that holds the key"
         )
+    if endpoint.tokenizer:
+        from tasks.models import ModelSourceError, resolve
+
+        try:
+            resolve(endpoint.tokenizer)
+        except ModelSourceError as exc:
+            fail_input(f"--tokenizer: {exc}")
     if endpoint.base_url:
         _check_reachable(endpoint.base_url)
 
@@ -161,7 +169,7 @@ def command(
     api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")] = None,
     prompt: Annotated[Optional[list[str]], typer.Option(help="A prompt (repeat for several).")] = None,
     prompts: Annotated[Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="max_completion_tokens per request.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request (sent as max_tokens and max_completion_tokens).")] = None,
     request_timeout_s: Annotated[Optional[float], typer.Option(help="Per-request timeout in seconds.")] = None,
     tokenizer: Annotated[Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")] = None,
     max_concurrency: Annotated[Optional[str], typer.Option(help="Concurrency levels, e.g. 1,4,16,64.")] = None,

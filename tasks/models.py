@@ -125,6 +125,9 @@ def resolve(spec: str) -> ModelSource:
         return ModelSource(spec, "gguf", str(path.resolve()), path.stem)
     if kind == "hf":
         path = Path(rest).expanduser()
+        if not path.exists() and rest.startswith(("/", "./", "../", "~")):
+            # a path, not a hub id ("org/name"): say so rather than the hub's id-format error
+            raise ModelSourceError(f"model {spec!r}: no such folder: {path}")
         location = str(path.resolve()) if path.exists() else rest
         return ModelSource(spec, "hf", location, Path(rest).name or rest)
     if kind == "arch":

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import threading
 import traceback
 from pathlib import Path
@@ -141,7 +142,8 @@ def profile_stage(
     x max_new_tokens (points that may not fit run in a child process: :func:`run_sweep`).
 
     One child run per point (FAILED with an ``error`` tag for a point that failed), the points
-    as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run.
+    as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run. Each
+    finished point is also appended to ``profile_points.jsonl`` in ``workdir`` at once.
     Returns {"points", "headline" (the first successful point's), "failed_points",
     "mlflow_run_id"}.
 
@@ -166,7 +168,14 @@ def profile_stage(
         show_steps = steps_swept(points)
         bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
 
+        journal = Path(workdir) / "profile_points.jsonl"
+
         def on_point(index: int, total: int, row: dict) -> None:
+            # kept at once, so a crash or Ctrl-C keeps every finished point (also untracked)
+            with open(journal, "a", encoding="utf-8") as out:
+                out.write(json.dumps(row, default=str) + "\n")
+                out.flush()
+                os.fsync(out.fileno())
             label = point_label(row, show_steps)
             child = run.tracker.start_run(f"profile {label}", run.run_id, {
                 "stage": "profile_point", "random_weights": row["random_weights"],
@@ -277,10 +286,7 @@ def stream_stage(
                         "= %s ms, E2E %s ms", index, metrics.get("ttft_ms_mean_client_minus_server"),
                         metrics.get("e2e_ms_mean_client_minus_server"),
                     )
-                short = sum(
-                    1 for r in result.measured
-                    if r.succeeded and r.output_tokens is not None and r.output_tokens < max_tokens
-                )
+                short = stats.count_short_outputs(result.measured, max_tokens)
                 metrics["num_short_outputs"] = short
                 if short and (cfg.output_len or cfg.ignore_eos):
                     logger.warning(

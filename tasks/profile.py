@@ -659,6 +659,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
+    floors = {"layers": 1, "prompt_length": 1, "batch_size": 1, "max_new_tokens": 1,
+              "repeats": 1, "warmup": 0}
+    for name, floor in floors.items():
+        value = getattr(args, name, None)
+        if value is not None and value < floor:
+            print(f"error: --{name.replace('_', '-')} {value}: must be at least {floor}", file=sys.stderr)
+            return 2
 
     try:
         device = resolve_device(args.device)

@@ -191,3 +191,22 @@ def aggregate_level(
         out["goodput_requests_per_s"] = _per_second(good, wall_s)
         out["goodput_fraction"] = good / num_requests if num_requests else None
     return out
+
+
+def count_short_outputs(records: Iterable[Any], max_tokens: int) -> int:
+    """Successful requests that returned fewer than ``max_tokens`` output tokens (with
+    ``ignore_eos`` sent, a server that honours it never does).
+
+    A count re-tokenized from the text (``output_tokens_source`` "tokenizer": the server sent no
+    usage) can fall one short of what the server generated where tokens merge across chunk
+    boundaries, so such a request is short only when it also carried fewer text chunks
+    (``token_offsets_ms``) than ``max_tokens``. A server's own usage count is taken as it is.
+    """
+    return sum(
+        1 for r in records
+        if _succeeded(r) and _field(r, "output_tokens") is not None
+        and _field(r, "output_tokens") < max_tokens
+        and (_field(r, "output_tokens_source") == "usage"
+             or len(_field(r, "token_offsets_ms") or ()) < max_tokens)
+    )
+

@@ -61,6 +61,13 @@ def test_cli_searches_the_experiment_oldest_first(store):
     assert [line.split("|")[2].strip() for line in body] == ["a", "b", "c"]
 
 
+def test_cli_unknown_metric_exits_2_naming_it(store):
+    uri, _, _ = store
+    out = _cli(["--experiment", "cmp", "--filter", "attributes.status = 'FINISHED'", "--metrics", "ttft_ms_p50,foo_ms"], uri)
+    assert out.returncode == 2 and "foo_ms not logged" in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
+
+
 def test_cli_unknown_run_exits_2(store):
     uri, _, _ = store
     out = _cli(["0" * 32], uri)

@@ -42,6 +42,7 @@ def _one_line_exit_2(result, *needles):
     (["--model", "arch:llama-2-7b", "--prompt-lengths", "4000", "--max-new-tokens", "8,200"],
      ["max_new_tokens 200", "context of 4096"]),  # the largest value is checked
     (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["max_new_tokens"]),
+    (["--model", "hf:/no/such/folder"], ["--model", "no such folder"]),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needles):
     _one_line_exit_2(_run(args, tmp_path, timeout=120), *needles)
@@ -123,6 +124,10 @@ def test_a_point_over_the_memory_exits_1_and_keeps_the_others(tmp_path):
         "MemoryNeedError: model arch:llama-3-8b in float32: needs about"
     )
     assert "point N=8 B=1 float32 failed: MemoryNeedError" in result.stderr
+    # untracked too, each finished point was journaled as it finished
+    [journal] = (tmp_path / "work").glob("*-profile-*/profile_points.jsonl")
+    [kept] = [json.loads(line) for line in journal.read_text().splitlines()]
+    assert kept["failed"] and kept["error"] == point["error"]
 
 
 LLAMA2_7B_BF16_NEED = 14 * 2**30  # 13.5 GB of weights, plus KV, activations, the runtime

@@ -45,6 +45,8 @@ def test_a_preset_with_fewer_layers(capsys):
     (["--model", "arch:llama-9b"], "presets: llama-2-7b, llama-3-8b, smollm2-135m"),
     (["--model", "gguf:default"], "arch: specs only"),
     (["--model", "arch:llama-2-7b", "--layers", "40"], "num_layers 40 is outside 1..32"),
+    (["--layers", "0"], "--layers 0: must be at least 1"),
+    (["--model", "arch:smollm2-135m", "--batch-size", "0"], "--batch-size 0: must be at least 1"),
     (["--model", "arch:llama-2-7b", "--prompt-length", "4090", "--max-new-tokens", "16"],
      "context of 4096 tokens"),
 ])

@@ -7,7 +7,9 @@ import random
 
 import pytest
 
-from tasks.stats import STAT_NAMES, aggregate_level, flatten_stats, meets_slos, percentile, summarize
+from tasks.stats import (
+    STAT_NAMES, aggregate_level, count_short_outputs, flatten_stats, meets_slos, percentile, summarize,
+)
 from tasks.stream.records import RequestRecord
 
 
@@ -142,3 +144,20 @@ def test_aggregate_accepts_json_dicts() -> None:
     assert agg["num_succeeded"] == 4 and agg["errors_auth"] == 1
     assert agg["ttft_ms_p50"] == pytest.approx(150.0)
     assert math.isclose(agg["error_rate"], 2 / 6)
+
+
+def test_short_outputs_trust_usage_but_not_a_re_tokenized_count_alone() -> None:
+    def rec(tokens, source, chunks, error=None):
+        return RequestRecord("r", ttft_ms=5.0, output_tokens=tokens, output_tokens_source=source,
+                             token_offsets_ms=[float(i) for i in range(chunks)], error_class=error)
+
+    records = [
+        rec(24, "usage", 24),            # full
+        rec(23, "usage", 24),            # the server says 23: short
+        rec(23, "tokenizer", 24),        # 24 chunks re-tokenized to 23 (merge): not short
+        rec(7, "tokenizer", 7),          # stopped early: short
+        rec(3, "tokenizer", 3, "server"),  # failed: not counted
+    ]
+    assert count_short_outputs(records, 24) == 2
+    assert count_short_outputs(records, 7) == 0
+

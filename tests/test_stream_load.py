@@ -349,6 +349,8 @@ def _cli(args, tmp_path, env=None):
 @pytest.mark.parametrize(("args", "needle"), [
     (["--max-concurrency", "0"], "stream.max_concurrency"),
     (["--request-rate", "2,fast"], "--request-rate"),
+    (["--request-rate", "0"], "0 is not > 0"),
+    (["--tokenizer", "arch:nope", "--max-tokens", "4"], "--tokenizer: model 'arch:nope'"),
     (["--goodput", "speed_ms:3"], "stream.goodput"),
     (["--prompts", "/nonexistent/prompts.txt"], "--prompts"),
     (["--base-url", "localhost:8000/v1", "--model", "m"], "--base-url"),

@@ -58,7 +58,10 @@ def read_prompts_file(path: str | Path) -> list[str]:
         raise PromptsError(f"--prompts: {path}: not valid JSON ({exc.msg})") from None
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
-        raise PromptsError(f"--prompts: {path} holds no prompt; put one prompt per line")
+        how = {".json": "a JSON list of non-empty strings",
+               ".jsonl": "one JSON string or {\"prompt\": ...} object per line"}.get(
+            path.suffix, "one prompt per line")
+        raise PromptsError(f"--prompts: {path} holds no prompt; write {how}")
     return prompts
 
 

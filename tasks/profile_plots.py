@@ -28,6 +28,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tasks.profile_sweep import point_label  # noqa: E402
+
 MIB = 2**20
 
 
@@ -46,6 +48,14 @@ def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
     return groups
 
 
+def _label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, legend: str = "small") -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    ax.legend(fontsize=legend)
+
+
 def _save(fig, path: Path) -> Path:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
@@ -62,10 +72,8 @@ def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
     for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
         group = sorted(group, key=lambda r: r["prompt_tokens"])
         ax.plot([r["prompt_tokens"] for r in group], [r["prefill_ms"] for r in group], "o-", label=label)
-    ax.set_xlabel("prompt length [tokens]")
-    ax.set_ylabel("prefill_ms (local TTFT) [ms]")
-    ax.set_title("Prefill time against prompt length")
-    ax.legend(fontsize="small")
+    _label_axes(ax, "prompt length [tokens]", "prefill_ms (local TTFT) [ms]",
+                "Prefill time against prompt length")
     return _save(fig, path)
 
 
@@ -75,13 +83,9 @@ def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
     for row in _unchunked(rows):
         start = row["prompt_tokens"]
         positions = range(start, start + len(row["decode_ms"]))
-        ax.plot(list(positions), row["decode_ms"], ".-",
-                label=f"N={row['prompt_tokens']} B={row['batch_size']} {row['dtype']}"
-                + (f" T={row['max_new_tokens']}" if steps else ""))
-    ax.set_xlabel("context position written by the step [tokens]")
-    ax.set_ylabel("decode_ms per step [ms]")
-    ax.set_title("Decode step time against context position (median repeat)")
-    ax.legend(fontsize="small")
+        ax.plot(list(positions), row["decode_ms"], ".-", label=point_label(row, steps))
+    _label_axes(ax, "context position written by the step [tokens]", "decode_ms per step [ms]",
+                "Decode step time against context position (median repeat)")
     return _save(fig, path)
 
 
@@ -98,10 +102,8 @@ def memory_vs_sequence_length(rows: Sequence[dict], path: Path) -> Path:
         peak = sorted(group, key=lambda r: r["kv_cache_positions"])
         ax.plot([r["kv_cache_positions"] for r in peak], [r["peak_memory_bytes"] / MIB for r in peak],
                 "s--", color=line.get_color(), label=f"peak memory {label}")
-    ax.set_xlabel("positions held in the KV cache [tokens]")
-    ax.set_ylabel("memory [MiB]")
-    ax.set_title("KV cache and peak memory against sequence length")
-    ax.legend(fontsize="x-small")
+    _label_axes(ax, "positions held in the KV cache [tokens]", "memory [MiB]",
+                "KV cache and peak memory against sequence length", legend="x-small")
     return _save(fig, path)
 
 
@@ -113,9 +115,7 @@ def ttft_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
         left.plot(xs, [r["prefill_ms"] for r in group], "o-", label=label)
         right.plot(xs, [r["peak_memory_bytes"] / MIB for r in group], "o-", label=label)
     for ax, name in ((left, "prefill_ms (local TTFT) [ms]"), (right, "peak_memory_bytes [MiB]")):
-        ax.set_xlabel("prefill chunk size [tokens] (no chunking = prompt length)")
-        ax.set_ylabel(name)
-        ax.legend(fontsize="small")
+        _label_axes(ax, "prefill chunk size [tokens] (no chunking = prompt length)", name)
     fig.suptitle("Chunked prefill: TTFT and peak memory against chunk size")
     return _save(fig, path)
 

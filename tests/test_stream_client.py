@@ -355,7 +355,8 @@ def test_run_levels_sync(server: gt.GroundTruthServer) -> None:
     server.reset()
     # "rendezvous:2" holds each request up to 1 s for a second one in flight: at concurrency 2
     # the slots overlap even when a loaded machine starts one late; at concurrency 1 they never can
-    results = run_levels(server.base_url, None, "rendezvous:2", ["p"], 8, [1, 2], 4, 1, words, 10.0,
+    results = run_levels(server.base_url, None, 10.0, [1, 2], model="rendezvous:2", prompts=["p"],
+                         max_tokens=8, num_requests=4, warmup=1, count_tokens=words,
                          sampling={"temperature": 0.0})
     assert [(r.level, r.max_concurrency) for r in results] == [(0, 1), (1, 2)]
     assert [len(r.records) for r in results] == [5, 5]

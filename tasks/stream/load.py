@@ -246,57 +246,27 @@ def make_client(
 def run_levels(
     base_url: str,
     api_key: str | None,
-    model: str,
-    prompts: Sequence[str],
-    max_tokens: int,
-    concurrencies: Sequence[int],
-    num_requests: int,
-    warmup: int,
-    count_tokens: Callable[[str], int] | None,
     request_timeout_s: float,
-    sampling: dict[str, Any] | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    *,
-    prompt_tokens: Sequence[int | None] | None = None,
-    extra_body: dict[str, Any] | None = None,
-    api_key_env: str | None = None,
+    concurrencies: Sequence[int],
     request_rates: Sequence[float | None] = (None,),
-    burstiness: float = 1.0,
-    seed: int = 0,
+    **level: Any,
 ) -> list[LevelResult]:
     """Run one level per (concurrency, rate) of :func:`level_grid`, in order, over one client.
 
-    Synchronous: runs its own event loop (``asyncio.run``), so call it from a thread without a
-    running loop. Each level sends its own warm-up requests.
+    ``level``: the keyword arguments of :func:`run_level` other than ``max_concurrency``,
+    ``request_rate`` and ``level`` (set per level). Synchronous: runs its own event loop
+    (``asyncio.run``), so call it from a thread without a running loop. Each level sends its
+    own warm-up requests.
     """
 
     async def main() -> list[LevelResult]:
         client = make_client(base_url, api_key, request_timeout_s, max(concurrencies, default=1))
         try:
-            results = []
-            for level, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates)):
-                results.append(
-                    await run_level(
-                        client,
-                        model=model,
-                        prompts=prompts,
-                        max_tokens=max_tokens,
-                        max_concurrency=concurrency,
-                        num_requests=num_requests,
-                        warmup=warmup,
-                        count_tokens=count_tokens,
-                        sampling=sampling,
-                        level=level,
-                        on_record=on_record,
-                        prompt_tokens=prompt_tokens,
-                        extra_body=extra_body,
-                        api_key_env=api_key_env,
-                        request_rate=rate,
-                        burstiness=burstiness,
-                        seed=seed,
-                    )
-                )
-            return results
+            return [
+                await run_level(client, **level, max_concurrency=concurrency, request_rate=rate,
+                                level=index)
+                for index, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates))
+            ]
         finally:
             await client.close()
 

@@ -23,7 +23,6 @@ import asyncio
 import multiprocessing as mp
 import queue
 import time
-from collections.abc import Callable, Sequence
 from typing import Any
 
 from tasks.stream.client import fill_output_tokens
@@ -68,29 +67,12 @@ def run_level_processes(
     base_url: str,
     api_key: str | None,
     request_timeout_s: float,
-    model: str,
-    prompts: Sequence[str],
-    max_tokens: int,
-    max_concurrency: int,
-    num_requests: int,
-    warmup: int,
-    count_tokens: Callable[[str], int] | None,
-    level: int,
-    sampling: dict[str, Any] | None = None,
-    on_record: Callable[[RequestRecord], None] | None = None,
-    prompt_tokens: Sequence[int | None] | None = None,
-    extra_body: dict[str, Any] | None = None,
-    api_key_env: str | None = None,
-    request_rate: float | None = None,
-    burstiness: float = 1.0,
-    seed: int = 0,
-    lag_tolerance_ms: float = 1.0,
-    on_measure_start: Callable[[], None] | None = None,
     transport: str = "aiohttp",
+    **level_args: Any,
 ) -> LevelResult:
     """Run one level over ``processes`` client processes (see the module docstring).
 
-    Synchronous (call it without a running event loop). Arguments as for
+    Synchronous (call it without a running event loop). ``level_args``: the keyword arguments of
     :func:`tasks.stream.load.run_level`; records are the same, request ids too.
 
     Raises:
@@ -98,13 +80,16 @@ def run_level_processes(
         RuntimeError: a process failed or did not start in time (records received before
             are kept: they already went to ``on_record``).
     """
+    # what the parent handles itself; the rest (model, sampling, rate, seed ...) every process
+    # and the warm-up run with unchanged
+    max_concurrency, num_requests = level_args.pop("max_concurrency"), level_args.pop("num_requests")
+    warmup, prompts = level_args.pop("warmup"), level_args.pop("prompts")
+    prompt_tokens = level_args.pop("prompt_tokens", None)
+    count_tokens = level_args.pop("count_tokens")
+    on_record = level_args.pop("on_record", None)
+    on_measure_start = level_args.pop("on_measure_start", None)
     if not 1 <= processes <= max_concurrency:
         raise ValueError("client_processes must lie between 1 and the level's max_concurrency")
-    level_args = dict(
-        model=model, max_tokens=max_tokens, sampling=sampling, level=level,
-        extra_body=extra_body, api_key_env=api_key_env, request_rate=request_rate,
-        burstiness=burstiness, seed=seed, lag_tolerance_ms=lag_tolerance_ms,
-    )
 
     def keep(record: RequestRecord) -> None:
         fill_output_tokens(record, count_tokens)
@@ -120,7 +105,8 @@ def run_level_processes(
         finally:
             await client.close()
 
-    result = asyncio.run(warm()) if warmup else LevelResult(level, max_concurrency, request_rate)
+    result = asyncio.run(warm()) if warmup else LevelResult(
+        level_args["level"], max_concurrency, level_args.get("request_rate"))
     result.max_concurrency = max_concurrency
     # The measured requests continue the prompts after the warm-up's (as run_level does).
     turn = warmup % len(prompts)

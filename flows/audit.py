@@ -15,8 +15,8 @@ from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 
 from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
-from tasks import report
-from tasks.baseline import judge
+from tasks.report import summary as report
+from tasks.report.baseline import judge
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage

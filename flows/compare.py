@@ -12,7 +12,7 @@ import typer
 from rich.table import Table
 
 from flows.cli_common import console, fail_input, parse_list, write_json
-from tasks.compare import comparison_frame, markdown_table, plot_metric
+from tasks.report.compare import comparison_frame, markdown_table, plot_metric
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
 

@@ -85,7 +85,7 @@ def check_input(cfg: AuditConfig) -> None:
     """Exit 2 with one line for what fails before loading: the spec, the preset, the device,
     a dtype the device cannot run, a prompt length over the model's context."""
     from tasks.models import ModelSourceError
-    from tasks.profile_sweep import check_request
+    from tasks.profile.grid import check_request
 
     p = cfg.profile
     try:
@@ -142,7 +142,7 @@ def command(
 
 
 def _label(point: dict, points: list[dict]) -> str:
-    from tasks.profile_sweep import point_label, steps_swept
+    from tasks.profile.grid import point_label, steps_swept
 
     return point_label(point, steps_swept(points))
 
@@ -162,7 +162,7 @@ def print_points(points: list[dict]) -> None:
     (max_new_tokens) when more than one value was swept."""
     from rich import box
 
-    from tasks.profile_sweep import steps_swept
+    from tasks.profile.grid import steps_swept
 
     steps = steps_swept(points)
     mib = 2**20

@@ -38,7 +38,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "mlflow_run_id", "workdir", "error"}``
     (``error`` is None, or the message of the failure that ended the run early)."""
     from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
-    from tasks import report
+    from tasks.report import summary as report
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.tracking import TrackingTarget
@@ -232,7 +232,7 @@ def _fmt(value) -> str:
 
 def print_levels(levels: list[dict]) -> None:
     """One row per level: latencies (ms), throughput, errors and the client-bound flag."""
-    from tasks.plots import rate_label
+    from tasks.report.plots import rate_label
 
     columns = [
         ("ttft_ms_p50", "TTFT\np50"), ("ttft_ms_p99", "TTFT\np99"), ("itl_ms_p50", "ITL\np50"),

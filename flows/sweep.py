@@ -31,7 +31,7 @@ def sweep(config: SweepFlowConfig = SweepFlowConfig(), track: bool = True):
     """N samples per sampling point (temperature / top_p / top_k / seed / max_tokens)."""
     # imported here, not at the top: they pull in torch and transformers, which
     # `infermeter --help` does not need
-    from tasks import report
+    from tasks.report import summary as report
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import sweep_stage
 

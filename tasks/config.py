@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
 
-from tasks.regression import DEFAULT_THRESHOLDS_PCT, is_known_metric
+from tasks.report.regression import DEFAULT_THRESHOLDS_PCT, is_known_metric
 
 #: The seed article's probes: 'smart' vs 'smarter' share no token, 'token' vs 'tokenization'
 #: splits into pieces, and Chinese costs more tokens per character than English.

@@ -8,7 +8,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from tasks.compare import comparison_frame
+from tasks.report.compare import comparison_frame
 from tasks.tracking import Tracker
 
 BIN = Path(sys.executable).parent / "infermeter"

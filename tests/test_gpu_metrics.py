@@ -1,4 +1,4 @@
-"""tasks.gpu_metrics: NVML power / utilisation figures, and their absence without a GPU.
+"""tasks.profile.gpu_metrics: NVML power / utilisation figures, and their absence without a GPU.
 
 The arithmetic of :func:`summarize` is checked on a fixed feed of readings (pure arithmetic, no
 NVML involved). The sampler itself is checked for what this machine can show: with no NVIDIA
@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tasks.gpu_metrics import GPU_METRIC_KEYS, NvmlSampler, summarize
-from tasks.profile import profile_point
+from tasks.profile.gpu_metrics import GPU_METRIC_KEYS, NvmlSampler, summarize
+from tasks.profile.measure import profile_point
 
 
 def _nvml_works() -> bool:

@@ -1,4 +1,4 @@
-"""tasks.memory: KV-cache formula vs the real cache, weight bytes, the RSS sampler, CUDA no-ops.
+"""tasks.profile.memory: KV-cache formula vs the real cache, weight bytes, the RSS sampler, CUDA no-ops.
 
 Everything runs on a tiny random-weight Llama with GQA (4 heads, 2 KV heads): no downloads.
 """
@@ -13,7 +13,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from tasks.memory import (
+from tasks.profile.memory import (
     RssSampler,
     cuda_peak_bytes,
     cuda_reset_peak,
@@ -151,7 +151,7 @@ def test_rss_sampler_sees_a_deliberate_allocation():
     # absorb the block without any RSS growth, which is the allocator's truth, not the sampler's.
     code = (
         "import time, torch\n"
-        "from tasks.memory import RssSampler\n"
+        "from tasks.profile.memory import RssSampler\n"
         "with RssSampler() as s:\n"
         "    block = torch.ones(50_000_000, dtype=torch.float32)  # 200 MB, every page touched\n"
         "    time.sleep(1.0)  # ~200 sampling intervals\n"

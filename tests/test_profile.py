@@ -13,8 +13,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tasks.memory import dtype_bytes, kv_cache_bytes_formula, weights_bytes
-from tasks.profile import (
+from tasks.profile.memory import dtype_bytes, kv_cache_bytes_formula, weights_bytes
+from tasks.profile.measure import (
     Timer,
     decode_one_token,
     greedy,

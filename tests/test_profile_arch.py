@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from tasks.memory import (
+from tasks.profile.memory import (
     MemoryNeedError,
     check_memory,
     estimate_point_memory,
@@ -30,9 +30,10 @@ from tasks.models import (
     parameter_count,
     resolve,
 )
-from tasks.profile import greedy, make_prompt_ids, prefill
-from tasks.profile_plots import write_profile_plots
-from tasks.profile_sweep import SweepPoint, check_request, run_sweep, sweep_points
+from tasks.profile.measure import greedy, make_prompt_ids, prefill
+from tasks.profile.plots import write_profile_plots
+from tasks.profile.grid import ProfilePoint, check_request, profile_points
+from tasks.profile.runner import run_sweep
 
 GIB = 2**30
 
@@ -97,7 +98,7 @@ def test_preset_slice_kv_bytes_equal_the_formula_per_layer(name, layers, prompt)
     spec = f"arch:{name}"
     steps, batch = 2, 2
     [row] = run_sweep(
-        spec, [SweepPoint(prompt, batch, default_dtype(spec))], max_new_tokens=steps, repeats=1,
+        spec, [ProfilePoint(prompt, batch, default_dtype(spec))], max_new_tokens=steps, repeats=1,
         warmup=0, device="cpu", num_layers=layers,
     )
     assert not row["failed"], row["error"]
@@ -135,7 +136,7 @@ def test_arch_path_to_a_config_json(tmp_path):
     spec = f"arch:{tmp_path / 'config.json'}"
     assert resolve(f"arch:{tmp_path}").location == resolve(spec).location
     assert default_dtype(spec) == "float32"
-    [row] = run_sweep(spec, [SweepPoint(20, 3, "float32")], max_new_tokens=4, repeats=1,
+    [row] = run_sweep(spec, [ProfilePoint(20, 3, "float32")], max_new_tokens=4, repeats=1,
                       warmup=0, device="cpu")
     assert row["kv_cache_bytes"] == kv_cache_bytes_formula(3, 24, 2, 2, 8, 4)
     assert row["kv_seed_formula_ratio"] == 4.0 and row["random_weights"] is True
@@ -153,7 +154,7 @@ def smollm2():
 
 def test_smollm2_kv_bytes_equal_the_formula_and_shapes():
     rows = run_sweep(
-        "gguf:default", sweep_points([16], [2], ["float32"], [0, 8]), max_new_tokens=3,
+        "gguf:default", profile_points([16], [2], ["float32"], [0, 8]), max_new_tokens=3,
         repeats=1, warmup=0, device="cpu",
     )
     assert [(r["batch_size"], r["prefill_chunk_size"]) for r in rows] == [(2, 0), (2, 8)]
@@ -218,7 +219,7 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
     calls = iter([10**12, 10**12, 10**12, 1, 1, 10**12])  # load, pt, pt, pt, load, pt
 
     rows = run_sweep(
-        "arch:smollm2-135m", sweep_points([8, 12], [1], ["float32", "bfloat16"]),
+        "arch:smollm2-135m", profile_points([8, 12], [1], ["float32", "bfloat16"]),
         max_new_tokens=1, repeats=1, warmup=0, device="cpu", num_layers=1,
         on_point=lambda i, total, row: seen.append((i, total, row["failed"])),
         available=lambda device: next(calls),
@@ -232,7 +233,7 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
 def test_a_point_that_fails_in_the_middle_is_recorded():
     calls = iter([10**12, 1, 10**12])
     rows = run_sweep(
-        "arch:smollm2-135m", sweep_points([8, 12], [1], ["float32"]), max_new_tokens=1,
+        "arch:smollm2-135m", profile_points([8, 12], [1], ["float32"]), max_new_tokens=1,
         repeats=1, warmup=0, device="cpu", num_layers=1, available=lambda device: next(calls),
     )
     assert [r["failed"] for r in rows] == [True, False]
@@ -243,7 +244,7 @@ def test_a_point_that_fails_in_the_middle_is_recorded():
 
 
 def test_sweep_points_drop_chunks_that_do_not_split_the_prompt():
-    points = sweep_points([16, 64], [1], ["bfloat16"], [0, 32, 64])
+    points = profile_points([16, 64], [1], ["bfloat16"], [0, 32, 64])
     assert [(p.prompt_tokens, p.prefill_chunk_size) for p in points] == [(16, 0), (64, 0), (64, 32)]
     assert points[-1].label() == "N=64 B=1 bfloat16 chunk=32"
 
@@ -264,7 +265,7 @@ def test_check_request_refuses_bad_input():
 
 def test_plots_are_written_for_successful_points(tmp_path):
     rows = run_sweep(
-        "arch:smollm2-135m", sweep_points([8, 16], [1], ["float32"], [0, 4]), max_new_tokens=2,
+        "arch:smollm2-135m", profile_points([8, 16], [1], ["float32"], [0, 4]), max_new_tokens=2,
         repeats=1, warmup=0, device="cpu", num_layers=1,
     )
     paths = write_profile_plots(rows, tmp_path)

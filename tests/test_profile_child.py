@@ -1,4 +1,4 @@
-"""Points that may not fit run in a spawned child process (tasks.profile_sweep.run_sweep).
+"""Points that may not fit run in a spawned child process (tasks.profile.runner.run_sweep).
 
 Real children, no mocks: a 1-layer slice of the SmolLM2-135M preset is profiled in a child
 and compared with the same point in this process; a child is really killed with SIGKILL (what
@@ -16,9 +16,10 @@ import time
 
 import psutil
 
-from tasks.memory import estimate_point_memory, kv_cache_bytes_formula
+from tasks.profile.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.models import model_config, parameter_count
-from tasks.profile_sweep import CHILD_PROCESS_FRACTION, run_sweep, sweep_points
+from tasks.profile.grid import profile_points
+from tasks.profile.runner import CHILD_PROCESS_FRACTION, run_sweep
 
 SPEC = "arch:smollm2-135m"
 GIB = 2**30
@@ -50,7 +51,7 @@ class KillFirstSpawnedChild(threading.Thread):
 def test_child_points_match_in_process_ones_and_a_killed_child_is_recorded():
     # N=16 points need a little more than N=8 ones: a threshold between them sends the N=16
     # points to children; they come first in the points but run after the in-process N=8 ones.
-    points = sweep_points([16, 8], [2], ["float32"], [0], [2, 3])
+    points = profile_points([16, 8], [2], ["float32"], [0], [2, 3])
     config = model_config(SPEC, num_layers=1)
     need = {p: estimate_point_memory(
         config, parameters=parameter_count(config), dtype_bytes=4, batch=2,
@@ -116,8 +117,8 @@ def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
     }), encoding="utf-8")
     spec = f"hf:{tmp_path}"
     args = dict(max_new_tokens=2, repeats=1, warmup=0, device="cpu")
-    [here] = run_sweep(spec, sweep_points([8], [1], ["float32"]), child_fraction=float("inf"), **args)
-    [apart] = run_sweep(spec, sweep_points([8], [1], ["float32"]), child_fraction=0.0, **args)
+    [here] = run_sweep(spec, profile_points([8], [1], ["float32"]), child_fraction=float("inf"), **args)
+    [apart] = run_sweep(spec, profile_points([8], [1], ["float32"]), child_fraction=0.0, **args)
     assert here["failed"] and apart["failed"]
     assert (here["child_process"], apart["child_process"]) == (False, True)
     assert apart["error"] == here["error"] and not apart["error"].startswith("PointProcessDied")
@@ -127,7 +128,7 @@ def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
 def test_a_point_that_cannot_fit_even_alone_fails_before_a_child_starts():
     readings = iter([10**12, 1])  # the dtype's reading routes it to a child; then 1 byte free
     [row] = run_sweep(
-        SPEC, sweep_points([8], [1], ["float32"], [0], 2), repeats=1, warmup=0, device="cpu",
+        SPEC, profile_points([8], [1], ["float32"], [0], 2), repeats=1, warmup=0, device="cpu",
         num_layers=1, available=lambda device: next(readings), child_fraction=0.0,
     )
     assert row["failed"] and row["child_process"] is False

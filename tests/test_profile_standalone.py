@@ -17,8 +17,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.memory import kv_cache_bytes_formula
-from tasks.profile import main
+from tasks.profile.memory import kv_cache_bytes_formula
+from tasks.profile.standalone import main
 
 REPO = Path(__file__).resolve().parent.parent
 SMALL = ["--prompt-length", "8", "--max-new-tokens", "2", "--repeats", "1", "--warmup", "0",
@@ -79,8 +79,8 @@ _HIDDEN_RUN = textwrap.dedent("""
             return PathFinder.find_spec(name, path, target)
 
     sys.meta_path[:] = [NotInstalled if f is PathFinder else f for f in sys.meta_path]
-    import tasks.profile, tasks.models, tasks.profile_sweep, tasks.gpu_metrics, tasks.memory
-    code = tasks.profile.main(sys.argv[1:])
+    import tasks.profile.standalone, tasks.models, tasks.profile.runner, tasks.profile.gpu_metrics, tasks.profile.memory
+    code = tasks.profile.standalone.main(sys.argv[1:])
     loaded = sorted(m for m in sys.modules if m.partition(".")[0] in HIDDEN)
     print(json.dumps(loaded), file=sys.stderr)
     sys.exit(code)

@@ -7,9 +7,10 @@ import pytest
 import yaml
 
 from tasks.config import AuditConfig, ConfigError, ProfileConfig, load_config
-from tasks.memory import kv_cache_bytes_formula
-from tasks.profile_plots import _group
-from tasks.profile_sweep import SweepPoint, check_request, point_label, run_sweep, steps_swept, sweep_points
+from tasks.profile.memory import kv_cache_bytes_formula
+from tasks.profile.plots import _group
+from tasks.profile.grid import ProfilePoint, check_request, point_label, profile_points, steps_swept
+from tasks.profile.runner import run_sweep
 
 
 def test_config_takes_one_value_or_a_list(tmp_path):
@@ -32,7 +33,7 @@ def test_config_takes_one_value_or_a_list(tmp_path):
 
 
 def test_grid_and_labels_carry_max_new_tokens():
-    points = sweep_points([16], [1, 2], ["bfloat16"], [0, 8], [4, 32])
+    points = profile_points([16], [1, 2], ["bfloat16"], [0, 8], [4, 32])
     assert [(p.batch_size, p.prefill_chunk_size, p.max_new_tokens) for p in points] == [
         (1, 0, 4), (1, 0, 32), (1, 8, 4), (1, 8, 32),
         (2, 0, 4), (2, 0, 32), (2, 8, 4), (2, 8, 32),
@@ -41,9 +42,9 @@ def test_grid_and_labels_carry_max_new_tokens():
     assert points[1].label(steps=True) == "N=16 B=1 bfloat16 T=32"
     assert points[3].label(steps=True) == "N=16 B=1 bfloat16 chunk=8 T=32"
     assert points[1].label() == "N=16 B=1 bfloat16"
-    single = sweep_points([16], [1], ["bfloat16"], [0], 4)
+    single = profile_points([16], [1], ["bfloat16"], [0], 4)
     assert [p.max_new_tokens for p in single] == [4] and not steps_swept(single)
-    assert sweep_points([16], [1], ["bfloat16"])[0].max_new_tokens is None  # run_sweep's value
+    assert profile_points([16], [1], ["bfloat16"])[0].max_new_tokens is None  # run_sweep's value
     row = {"prompt_tokens": 16, "batch_size": 2, "dtype": "float32", "prefill_chunk_size": 0,
            "max_new_tokens": 8}
     assert point_label(row, steps=True) == "N=16 B=2 float32 T=8"
@@ -70,7 +71,7 @@ def test_context_check_uses_the_largest_value():
 def test_each_point_runs_and_is_estimated_at_its_own_max_new_tokens():
     seen = []
     rows = run_sweep(
-        "arch:smollm2-135m", sweep_points([8], [2], ["float32"], [0], [1, 4]), repeats=1,
+        "arch:smollm2-135m", profile_points([8], [2], ["float32"], [0], [1, 4]), repeats=1,
         warmup=0, device="cpu", num_layers=1, on_point=lambda i, n, row: seen.append(row["max_new_tokens"]),
     )
     assert seen == [1, 4]
@@ -89,11 +90,11 @@ def test_each_point_runs_and_is_estimated_at_its_own_max_new_tokens():
     )
     # a point's own value wins over run_sweep's; a point without one takes run_sweep's
     [own, default] = run_sweep(
-        "arch:smollm2-135m", [SweepPoint(8, 1, "float32", 0, 2), SweepPoint(8, 1, "float32")],
+        "arch:smollm2-135m", [ProfilePoint(8, 1, "float32", 0, 2), ProfilePoint(8, 1, "float32")],
         max_new_tokens=3, repeats=1, warmup=0, device="cpu", num_layers=1,
     )
     assert (own["max_new_tokens"], len(own["decode_ms"])) == (2, 2)
     assert (default["max_new_tokens"], len(default["decode_ms"])) == (3, 3)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        run_sweep("arch:smollm2-135m", [SweepPoint(8, 1, "float32")], repeats=1, warmup=0,
+        run_sweep("arch:smollm2-135m", [ProfilePoint(8, 1, "float32")], repeats=1, warmup=0,
                   device="cpu", num_layers=1)

@@ -3,9 +3,9 @@ baseline search against a real MLflow store."""
 
 import pytest
 
-from tasks.baseline import judge
+from tasks.report.baseline import judge
 from tasks.config import RegressionConfig
-from tasks.regression import is_known_metric, judge_metric, verdict
+from tasks.report.regression import is_known_metric, judge_metric, verdict
 from tasks.tracking import Tracker
 
 

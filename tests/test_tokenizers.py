@@ -174,7 +174,7 @@ def test_chinese_prompts_render_with_a_cjk_font_even_after_an_rc_reset(tmp_path)
 
     import matplotlib
 
-    from tasks import plots
+    from tasks.report import plots
 
     if not plots._CJK:
         pytest.skip("no CJK font installed (Debian: fonts-wqy-zenhei)")

@@ -4,7 +4,7 @@ bfloat16), prompt 512 and 4096, batch 1 and 8; prints one table.
 Needs only torch and transformers (plus this repository's tasks/ modules, which import nothing
 else): no prefect, mlflow or polars, no model download. Each point is checked against the free
 GPU memory before it is allocated; a point that does not fit is a FAILED row. When nvidia-ml-py
-is installed and finds the GPU (optional: tasks.gpu_metrics imports it guarded), the table also
+is installed and finds the GPU (optional: tasks.profile.gpu_metrics imports it guarded), the table also
 shows the mean board power (W), mean GPU utilisation (%) and energy (J) over the timed repeats.
 
     python tests/benchmarks/gpu_check.py                 # the full check, on CUDA
@@ -25,7 +25,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tasks.profile_sweep import run_sweep, sweep_points  # noqa: E402
+from tasks.profile.grid import profile_points  # noqa: E402
+from tasks.profile.runner import run_sweep  # noqa: E402
 
 PRESETS = ("smollm2-135m", "llama-2-7b")
 COLUMNS = (
@@ -34,7 +35,7 @@ COLUMNS = (
     ("weights_GiB", "{:.2f}"), ("kv_MiB", "{:.1f}"), ("kv_formula_MiB", "{:.1f}"),
     ("peak_GiB", "{:.2f}"), ("bw_GB/s", "{:.0f}"),
 )
-#: Shown when NVML gave any reading (tasks.gpu_metrics): (title, format, the point's key).
+#: Shown when NVML gave any reading (tasks.profile.gpu_metrics): (title, format, the point's key).
 POWER_COLUMNS = (
     ("power_W", "{:.0f}", "gpu_power_w_mean"), ("util_%", "{:.0f}", "gpu_utilization_pct_mean"),
     ("energy_J", "{:.1f}", "gpu_energy_joules"),
@@ -81,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for preset in PRESETS:
         result = run_sweep(
-            f"arch:{preset}", sweep_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
+            f"arch:{preset}", profile_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
             repeats=repeats, warmup=1, device=args.device, num_layers=layers,
             on_point=lambda i, n, p: print(f"  {p['model']} N={p['prompt_tokens']} "
                                            f"B={p['batch_size']} done", file=sys.stderr),

@@ -3,7 +3,7 @@
 Paired, interleaved runs on one model and one prompt (A B A B ...; the order inside each pair
 alternates, so drift and a warm cache favour neither side):
 
-- A, profiled: ``tasks.profile._one_run`` - prefill, then T decode steps each bracketed by the
+- A, profiled: ``tasks.profile.measure._one_run`` - prefill, then T decode steps each bracketed by the
   profiler's timer, KV bytes read from the cache; its tokens/s = B x T / (sum of its reported
   decode_ms), i.e. what the profiler reports.
 - B, bare: the same prefill and T ``decode_one_token`` + argmax steps with no timer inside the
@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tasks import profile  # noqa: E402
+from tasks.profile import measure as profile  # noqa: E402
 from tasks.models import load_model  # noqa: E402
 
 

@@ -1,6 +1,6 @@
 """PNG plots of the local profile stage (matplotlib, Agg backend: no display needed).
 
-:func:`write_profile_plots` takes the sweep's result rows (:func:`tasks.profile_sweep.run_sweep`;
+:func:`write_profile_plots` takes the sweep's result rows (:func:`tasks.profile.runner.run_sweep`;
 failed points are skipped) and writes four PNGs:
 
 - ``prefill_ms_vs_prompt_length.png``: prefill_ms (= local TTFT) against prompt length, a line
@@ -28,7 +28,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tasks.profile_sweep import point_label  # noqa: E402
+from tasks.profile.grid import point_label  # noqa: E402
 
 MIB = 2**20
 

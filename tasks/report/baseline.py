@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from tasks.config import RegressionConfig
-from tasks.regression import MetricVerdict, verdict, verdict_markdown
+from tasks.report.regression import MetricVerdict, verdict, verdict_markdown
 from tasks.tracking import Tracker
 
 #: Tags that make two audits comparable.

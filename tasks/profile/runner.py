@@ -1,5 +1,5 @@
 """The local profile's sweep: prompt length x batch size x dtype x prefill chunk size x
-max_new_tokens over one model spec, one :func:`tasks.profile.profile_point` per point.
+max_new_tokens over one model spec, one :func:`tasks.profile.measure.profile_point` per point.
 
 Plain code (standard library, torch, transformers, psutil): the profile stage of the audit and
 the ``infermeter profile`` command both call :func:`run_sweep`; orchestration and tracking stay
@@ -8,7 +8,7 @@ in ``tasks/pipeline.py``.
 Memory is checked before it is allocated (there is no swap: a process that runs out is killed by
 the kernel, with no traceback): before a dtype's model is built or loaded, its weights plus the
 smallest point's KV cache and activations must fit in the available memory; before each point,
-that point's KV cache and activations must (:func:`tasks.memory.estimate_point_memory`, at the
+that point's KV cache and activations must (:func:`tasks.profile.memory.estimate_point_memory`, at the
 point's own max_new_tokens). A point that does not fit, or that raises, is recorded as failed
 with its cause, and the sweep goes on.
 
@@ -31,13 +31,14 @@ import signal
 import sys
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, replace
 from typing import Any
 
 import torch
 
-from tasks import profile
-from tasks.memory import (
+from tasks.profile import measure as profile
+from tasks.profile.grid import ProfilePoint, steps_swept
+from tasks.profile.memory import (
     MemoryNeedError,
     PointMemory,
     _gib,
@@ -46,14 +47,10 @@ from tasks.memory import (
     dtype_bytes,
     estimate_point_memory,
 )
-from tasks.models import default_dtype, load_model, model_config, parameter_count, resolve
+from tasks.models import load_model, model_config, parameter_count, resolve
 
-__all__ = [
-    "CHILD_PROCESS_FRACTION", "PointProcessDied", "SweepPoint", "check_request", "run_sweep",
-    "sweep_points",
-]
+__all__ = ["CHILD_PROCESS_FRACTION", "PointProcessDied", "run_sweep"]
 
-DTYPES = ("float32", "bfloat16", "float16")
 
 #: A point whose estimated need (weights + KV cache + activations, bytes) exceeds this share of
 #: the memory available runs in a spawned child process (:func:`run_sweep`, ``child_fraction``).
@@ -63,129 +60,6 @@ CHILD_PROCESS_FRACTION = 0.5
 class PointProcessDied(RuntimeError):
     """The child process that ran a point ended without a result (e.g. SIGKILL from the
     kernel's out-of-memory killer)."""
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One point's parameters (prompt length, chunk size and max_new_tokens in tokens).
-
-    ``max_new_tokens`` None = the ``max_new_tokens`` given to :func:`run_sweep`.
-    """
-
-    prompt_tokens: int
-    batch_size: int
-    dtype: str
-    prefill_chunk_size: int = 0
-    max_new_tokens: int | None = None
-
-    def label(self, steps: bool = False) -> str:
-        """``N=128 B=4 bfloat16 chunk=64``; ``steps``: also ``T=32`` (max_new_tokens), for a
-        sweep over more than one max_new_tokens value."""
-        chunk = f" chunk={self.prefill_chunk_size}" if self.prefill_chunk_size else ""
-        shown = f" T={self.max_new_tokens}" if steps and self.max_new_tokens is not None else ""
-        return f"N={self.prompt_tokens} B={self.batch_size} {self.dtype}{chunk}{shown}"
-
-
-def sweep_points(
-    prompt_lengths: Sequence[int],
-    batch_sizes: Sequence[int],
-    dtypes: Sequence[str],
-    prefill_chunk_sizes: Sequence[int] = (0,),
-    max_new_tokens: int | Sequence[int] | None = None,
-) -> list[SweepPoint]:
-    """The cross product, dtype-major (one model per dtype), then prompt length, batch, chunk,
-    max_new_tokens (None: the points carry None and take :func:`run_sweep`'s value).
-
-    A chunk size >= the prompt length is the same as no chunking: such points are dropped
-    unless no smaller chunk size was asked for (then one unchunked point, chunk 0, remains).
-    """
-    steps_values = _as_list(max_new_tokens) if max_new_tokens is not None else [None]
-    points: list[SweepPoint] = []
-    for dtype in dtypes:
-        for n in prompt_lengths:
-            chunks = sorted({c if 0 < c < n else 0 for c in prefill_chunk_sizes})
-            for batch in batch_sizes:
-                points.extend(
-                    SweepPoint(n, batch, dtype, c, t) for c in chunks for t in steps_values
-                )
-    return points
-
-
-def _as_list(values: int | Sequence[int]) -> list[int]:
-    return [int(values)] if isinstance(values, int) else [int(v) for v in values]
-
-
-def steps_swept(points: Sequence[SweepPoint] | Sequence[dict]) -> bool:
-    """Whether the points (or result rows) hold more than one max_new_tokens value; labels
-    then show ``T=``."""
-    values = {p["max_new_tokens"] if isinstance(p, dict) else p.max_new_tokens for p in points}
-    return len(values) > 1
-
-
-def dtype_supported(dtype: str, device: torch.device) -> bool:
-    """Whether ``device`` runs a matmul and a softmax in ``dtype`` (CUDA bfloat16 also needs
-    ``torch.cuda.is_bf16_supported()``)."""
-    if dtype not in DTYPES:
-        return False
-    torch_dtype = getattr(torch, dtype)
-    if device.type == "cuda" and torch_dtype == torch.bfloat16 and not torch.cuda.is_bf16_supported():
-        return False
-    try:
-        x = torch.ones(4, 4, dtype=torch_dtype, device=device)
-        torch.softmax(x @ x, dim=-1)
-    except (RuntimeError, TypeError):
-        return False
-    return True
-
-
-def check_request(
-    spec: str,
-    dtypes: Sequence[str] | None,
-    prompt_lengths: Sequence[int],
-    max_new_tokens: int | Sequence[int],
-    device: str,
-    num_layers: int | None = None,
-) -> tuple[torch.device, list[str], Any]:
-    """Validate a sweep before anything heavy happens.
-
-    Returns (device, dtypes, config); ``dtypes`` None = the spec's default (:func:`default_dtype`).
-    ``max_new_tokens``: one value or the swept values; the context check uses the largest.
-
-    Raises:
-        tasks.models.ModelSourceError: the spec does not resolve (unknown preset: the message
-            lists the presets).
-        ValueError: a dtype the device cannot run, a prompt length + max_new_tokens over the
-            model's context (``max_position_embeddings``), or a device that is not there.
-            Each message is one line naming the value and the alternatives.
-    """
-    resolve(spec)
-    try:
-        resolved = profile.resolve_device(device)
-    except RuntimeError as exc:
-        raise ValueError(f"--device {device}: {exc}; use cpu or auto") from None
-    chosen = list(dtypes) if dtypes else [default_dtype(spec)]
-    runnable = [d for d in DTYPES if dtype_supported(d, resolved)]
-    for dtype in chosen:
-        if dtype not in runnable:
-            raise ValueError(
-                f"dtype {dtype!r} cannot run on {resolved}; this device runs: {', '.join(runnable)}"
-            )
-    config = model_config(spec, num_layers=num_layers)
-    text = config.get_text_config(decoder=True)
-    context = getattr(text, "max_position_embeddings", None)
-    steps = max(_as_list(max_new_tokens))
-    if context:
-        too_long = [n for n in prompt_lengths if n + steps > context]
-        if too_long:
-            fix = (
-                f"use prompt lengths <= {context - steps} or a smaller max_new_tokens"
-                if steps < context else f"use max_new_tokens < {context}"
-            )
-            raise ValueError(
-                f"prompt length {too_long[0]} + max_new_tokens {steps} exceeds the model's "
-                f"context of {context} tokens; {fix}"
-            )
-    return resolved, chosen, config
 
 
 def _touch_weights(model: torch.nn.Module, device: torch.device) -> None:
@@ -203,10 +77,10 @@ def _describe(exc: BaseException) -> str:
 
 
 def _profile_loaded(
-    model: torch.nn.Module, tokenizer: Any, point: SweepPoint, random_weights: bool,
+    model: torch.nn.Module, tokenizer: Any, point: ProfilePoint, random_weights: bool,
     repeats: int, warmup: int, device: torch.device,
 ) -> dict[str, Any]:
-    """One point on a loaded model: :func:`tasks.profile.profile_point` plus ``generated_text``
+    """One point on a loaded model: :func:`tasks.profile.measure.profile_point` plus ``generated_text``
     (None for random weights: their text means nothing)."""
     prompt_ids = profile.make_prompt_ids(tokenizer, point.prompt_tokens)
     data = profile.profile_point(
@@ -221,7 +95,7 @@ def _profile_loaded(
 
 
 def _point_in_child(
-    conn: Any, spec: str, device: str, num_layers: int | None, point: SweepPoint,
+    conn: Any, spec: str, device: str, num_layers: int | None, point: ProfilePoint,
     repeats: int, warmup: int,
 ) -> None:
     """The body of a spawned child: load the model, profile one point, send ``("ok", data)``
@@ -261,7 +135,7 @@ def _bare_main():
 
 
 def _run_in_child(
-    spec: str, point: SweepPoint, *, device: torch.device, num_layers: int | None,
+    spec: str, point: ProfilePoint, *, device: torch.device, num_layers: int | None,
     repeats: int, warmup: int,
 ) -> tuple[tuple[str, Any] | None, int | None]:
     """Run one point in a ``multiprocessing`` spawn child; returns (its message or None when it
@@ -307,7 +181,7 @@ def _death_cause(label: str, exitcode: int | None, need: PointMemory, free: int)
 
 def run_sweep(
     spec: str,
-    points: Sequence[SweepPoint],
+    points: Sequence[ProfilePoint],
     *,
     max_new_tokens: int | None = None,
     repeats: int,
@@ -323,7 +197,7 @@ def run_sweep(
     ``max_new_tokens``: the decode steps of points whose own ``max_new_tokens`` is None.
 
     Per dtype, one reading of ``available(device)`` (bytes) decides: if even the smallest point
-    (weights + KV + activations, :func:`tasks.memory.estimate_point_memory`) does not fit, every
+    (weights + KV + activations, :func:`tasks.profile.memory.estimate_point_memory`) does not fit, every
     point of the dtype fails with ``MemoryNeedError``; points whose need is at most
     ``child_fraction`` x that reading run in this process on one loaded model (each first
     checked against a fresh reading, weights resident); the others then run one by one, each
@@ -336,7 +210,7 @@ def run_sweep(
     (None, or ``"ExceptionClass: message"``; ``PointProcessDied: ...`` when a child was killed),
     ``memory_estimate_bytes`` (the estimate the check used) and ``child_process`` (whether the
     point ran in a child); a point that ran also has every key of
-    :func:`tasks.profile.profile_point` and ``generated_text`` (None for random weights).
+    :func:`tasks.profile.measure.profile_point` and ``generated_text`` (None for random weights).
     ``on_point(index, total, result)`` is called after each point, in the order they ran
     (index counts finished points), outside any timed region.
 
@@ -349,20 +223,20 @@ def run_sweep(
     points = [p if p.max_new_tokens is not None else replace(p, max_new_tokens=max_new_tokens)
               for p in points]
     if any(p.max_new_tokens is None for p in points):
-        raise ValueError("max_new_tokens: give it to run_sweep or to every SweepPoint")
+        raise ValueError("max_new_tokens: give it to run_sweep or to every ProfilePoint")
     show_steps = steps_swept(points)
     config = model_config(spec, num_layers=num_layers)
     parameters = parameter_count(config)
     results: dict[int, dict[str, Any]] = {}
 
-    def estimate(point: SweepPoint) -> PointMemory:
+    def estimate(point: ProfilePoint) -> PointMemory:
         return estimate_point_memory(
             config, parameters=parameters, dtype_bytes=dtype_bytes(getattr(torch, point.dtype)),
             batch=point.batch_size, prompt_tokens=point.prompt_tokens,
             max_new_tokens=point.max_new_tokens, prefill_chunk_size=point.prefill_chunk_size,
         )
 
-    def record(index: int, point: SweepPoint, data: dict, error: str | None, child: bool) -> None:
+    def record(index: int, point: ProfilePoint, data: dict, error: str | None, child: bool) -> None:
         row = {
             "model": spec, **asdict(point), "device": str(device),
             "random_weights": source.random_weights, "failed": error is not None, "error": error,
@@ -378,7 +252,7 @@ def run_sweep(
         if device.type == "cuda":
             torch.cuda.empty_cache()  # hand the cached blocks back (after an OOM, or a model)
 
-    by_dtype: dict[str, list[tuple[int, SweepPoint]]] = {}
+    by_dtype: dict[str, list[tuple[int, ProfilePoint]]] = {}
     for index, point in enumerate(points):
         by_dtype.setdefault(point.dtype, []).append((index, point))
 
@@ -438,9 +312,3 @@ def run_sweep(
     return [results[i] for i in range(len(points))]
 
 
-def point_label(row: dict, steps: bool = False) -> str:
-    """The label of a result row (see :meth:`SweepPoint.label`; ``steps``: show ``T=``)."""
-    return SweepPoint(
-        row["prompt_tokens"], row["batch_size"], row["dtype"], row.get("prefill_chunk_size", 0),
-        row.get("max_new_tokens"),
-    ).label(steps)

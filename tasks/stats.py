@@ -26,14 +26,16 @@ from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-#: The statistics of every distribution, in report order.
-STAT_NAMES: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
+# The names live in the registry; re-exported here, where the statistics are computed.
+from tasks.metrics import SLO_METRICS, STAT_NAMES
 
-#: Percentile of each ``pNN`` statistic.
-_PERCENTILES: dict[str, float] = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0}
+__all__ = [
+    "SLO_METRICS", "STAT_NAMES", "aggregate_level", "count_short_outputs", "flatten_stats",
+    "meets_slos", "percentile", "summarize",
+]
 
-#: The per-request metrics an SLO may name (all in milliseconds).
-SLO_METRICS: tuple[str, ...] = ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
+#: Percentile of each ``pNN`` statistic of :data:`STAT_NAMES`.
+_PERCENTILES: dict[str, float] = {s: float(s[1:]) for s in STAT_NAMES if s.startswith("p")}
 
 
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:

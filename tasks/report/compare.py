@@ -12,11 +12,11 @@ from pathlib import Path
 
 import polars as pl
 
-#: The metrics shown when none are asked for: the audit's headline, where present.
-DEFAULT_METRICS = (
-    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "tpot_ms_mean", "e2e_ms_p50",
-    "output_tokens_per_s", "prefill_ms", "decode_tokens_per_s", "kv_cache_bytes", "error_rate",
-)
+from tasks.metrics import COMPARE_DEFAULT_METRICS
+
+#: The metrics shown when none are asked for: the audit's headline, where present (the list
+#: lives in the metric registry).
+DEFAULT_METRICS = COMPARE_DEFAULT_METRICS
 #: Tags shown beside the metrics: what makes two runs different.
 CONTEXT_TAGS = ("model", "endpoint_kind", "endpoint_model", "git_commit", "host")
 

@@ -12,7 +12,8 @@ never a regression, however far from the median it lies. (The same rule as "is t
 larger than run-to-run variation" in continuous-benchmarking tools such as asv and Bencher;
 min..max is the conservative choice for the small N a nightly audit has.)
 
-Plain functions; no MLflow, no Prefect.
+The metrics a threshold may name, their worse direction and the default thresholds are in
+:mod:`tasks.metrics`. Plain functions; no MLflow, no Prefect.
 """
 
 from __future__ import annotations
@@ -22,30 +23,13 @@ import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 
-#: Defaults: latencies may not grow by more than 15 %, throughputs not drop by more than 10 %.
-DEFAULT_THRESHOLDS_PCT: dict[str, float] = {
-    "ttft_ms_p50": 15.0,
-    "tpot_ms_mean": 15.0,
-    "e2e_ms_p50": 15.0,
-    "prefill_ms": 15.0,
-    "decode_tokens_per_s": -10.0,
-    "output_tokens_per_s": -10.0,
-}
+# Which metrics a threshold may name, and the defaults, live in the registry (re-exported).
+from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_known_metric
 
-
-_STAT_METRICS = {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "decode_ms"}
-_STATS = {"mean", "p50", "p90", "p95", "p99", "max"}
-_SCALAR_METRICS = {
-    "prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "output_tokens_per_s",
-    "requests_per_s", "goodput_requests_per_s", "error_rate", "weights_bytes",
-    "kv_cache_bytes", "peak_memory_bytes", "token_count_model_total",
-}
-
-
-def is_known_metric(name: str) -> bool:
-    """A headline metric a threshold may name: ``<latency>_<stat>`` or a known scalar."""
-    base, _, stat = name.rpartition("_")
-    return name in _SCALAR_METRICS or (base in _STAT_METRICS and stat in _STATS)
+__all__ = [
+    "DEFAULT_THRESHOLDS_PCT", "MetricVerdict", "baseline_from_runs", "is_known_metric",
+    "judge_metric", "verdict", "verdict_markdown",
+]
 
 
 @dataclass(frozen=True)

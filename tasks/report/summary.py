@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from tasks import metrics
+
 CAVEATS = [
     "The local profile runs the model dequantised in transformers; the embedded llama.cpp "
     "server runs the same weights quantised. Their latencies are not comparable.",
@@ -38,6 +40,19 @@ def _fmt(value: Any) -> str:
     return str(value)
 
 
+def _table_head(columns: tuple[str, ...]) -> list[str]:
+    return ["| " + " | ".join(columns) + " |", "| " + " | ".join("---" for _ in columns) + " |"]
+
+
+def _table_row(settings: list[Any], values: dict[str, Any], columns: tuple[str, ...]) -> str:
+    """Settings as they are, then each metric column: 0/1 flags as they are, others by _fmt."""
+    cells = [str(v) for v in settings] + [
+        str(values.get(c)) if metrics.lookup(c).unit == "0/1" else _fmt(values.get(c))
+        for c in columns
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
 def summary_markdown(
     stages: dict[str, dict], errors: dict[str, str], endpoint_kind: str | None
 ) -> str:
@@ -49,30 +64,18 @@ def summary_markdown(
     lines += [f"| {k} | {_fmt(v)} |" for k, v in headline(stages).items()]
     stream = stages.get("stream")
     if stream:
-        lines += ["", "## Stream levels", "",
-                  "| max_concurrency | ttft_ms_p50 | itl_ms_p50 | tpot_ms_mean | e2e_ms_p50 | "
-                  "output_tokens_per_s | error_rate |", "| --- | --- | --- | --- | --- | --- | --- |"]
+        columns = metrics.SUMMARY_COLUMNS["stream"]
+        lines += ["", "## Stream levels", ""] + _table_head(("max_concurrency", *columns))
         for level in stream["levels"]:
-            m = level["metrics"]
-            lines.append(
-                f"| {level['max_concurrency']} | {_fmt(m.get('ttft_ms_p50'))} | "
-                f"{_fmt(m.get('itl_ms_p50'))} | {_fmt(m.get('tpot_ms_mean'))} | "
-                f"{_fmt(m.get('e2e_ms_p50'))} | {_fmt(m.get('output_tokens_per_s'))} | "
-                f"{_fmt(m.get('error_rate'))} |"
-            )
+            lines.append(_table_row([level["max_concurrency"]], level["metrics"], columns))
         lines += ["", "GenAI-Perf calls TPOT \"inter-token latency\"; here ITL is every gap "
                   "between text chunks and TPOT is (E2E - TTFT) / (output tokens - 1)."]
     sweep = stages.get("sweep")
     if sweep:
-        lines += ["", "## Sampling sweep", "",
-                  "| temperature | top_p | identical_fraction | distinct_2 | output_tokens_mean | "
-                  "determinism_violated |", "| --- | --- | --- | --- | --- | --- |"]
+        columns = metrics.SUMMARY_COLUMNS["sweep"]
+        lines += ["", "## Sampling sweep", ""] + _table_head(("temperature", "top_p", *columns))
         for p in sweep["points"]:
-            lines.append(
-                f"| {p['temperature']} | {p['top_p']} | {_fmt(p['identical_fraction'])} | "
-                f"{_fmt(p['distinct_2'])} | {_fmt(p['output_tokens_mean'])} | "
-                f"{p['determinism_violated']} |"
-            )
+            lines.append(_table_row([p["temperature"], p["top_p"]], p, columns))
     caveats = {"llama.cpp": CAVEATS, "vllm": VLLM_CAVEATS}.get(endpoint_kind, CAVEATS[:1])
     lines += ["", "## Read with care", ""] + [f"- {c}" for c in caveats]
     return "\n".join(lines) + "\n"

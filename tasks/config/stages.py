@@ -1,21 +1,18 @@
-"""The experiment configuration: one set of pydantic models that YAML files, the CLI and the
-Prefect UI all speak.
+"""The stage configs: one pydantic model per stage (tokenize, profile, stream, sweep) and the
+endpoint / embedded server the remote stages talk to.
 
-Every model forbids unknown keys, so a typo in a YAML file is an error that names the field,
-not a silently ignored setting. The flows take these models as their parameters, so Prefect
-renders them as a typed form.
+Every model forbids unknown keys (``_Strict``), so a typo in a YAML file is an error that names
+the field, not a silently ignored setting.
 """
 
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from tasks.report.regression import DEFAULT_THRESHOLDS_PCT, is_known_metric
+from tasks import metrics
 
 #: The seed article's probes: 'smart' vs 'smarter' share no token, 'token' vs 'tokenization'
 #: splits into pieces, and Chinese costs more tokens per character than English.
@@ -245,7 +242,7 @@ class StreamConfig(_Strict):
     @field_validator("goodput")
     @classmethod
     def _slo_names(cls, slos: dict[str, float]) -> dict[str, float]:
-        allowed = {"ttft_ms", "tpot_ms", "e2e_ms", "itl_ms"}
+        allowed = metrics.SLO_METRICS
         for name, value in slos.items():
             if name not in allowed:
                 raise ValueError(f"unknown SLO {name!r}; use one of {sorted(allowed)}")
@@ -339,129 +336,9 @@ class SweepConfig(_Strict):
         return value
 
 
-class StreamFlowConfig(_Strict):
-    """The remote stream stage alone (`infermeter stream`): the stage plus where it streams from."""
-
-    name: str = Field("stream", min_length=1, description="Run name shown in MLflow and Prefect.")
-    stream: StreamConfig = Field(default_factory=StreamConfig)
-    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
-    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
-    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
-
-
-class SweepFlowConfig(_Strict):
-    """The sampling sweep alone (`infermeter sweep`): the sweep plus where it runs."""
-
-    name: str = Field("sweep", min_length=1, description="Run name shown in MLflow and Prefect.")
-    sweep: SweepConfig = Field(default_factory=SweepConfig)
-    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
-    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
-    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
-    resume: bool = Field(True, description="Skip points already FINISHED in MLflow (same params + endpoint).")
-
-
 class TrackingConfig(_Strict):
     """MLflow tracking. The URI comes from MLFLOW_TRACKING_URI, else sqlite:///mlruns/mlflow.db."""
 
     enabled: bool = Field(True, description="Record the run in MLflow.")
     experiment: str = Field("infermeter", min_length=1, description="MLflow experiment name.")
 
-
-class RegressionConfig(_Strict):
-    """How an audit is judged against its baseline (see tasks/regression.py for the rule)."""
-
-    enabled: bool = Field(True, description="Compare with a baseline when one exists.")
-    baseline_run_id: str | None = Field(
-        None, description="A named MLflow run as baseline; empty = median of the last N audits "
-        "of the same endpoint and model.",
-    )
-    baseline_last_n: int = Field(5, ge=1, description="N for the median baseline.")
-    thresholds_pct: dict[str, float] = Field(
-        default_factory=lambda: dict(DEFAULT_THRESHOLDS_PCT),
-        description="Allowed change per metric in percent: +15 = latency may grow 15 %, "
-        "-10 = throughput may drop 10 %.",
-    )
-    fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
-
-    @field_validator("thresholds_pct")
-    @classmethod
-    def _known_metrics(cls, thresholds: dict[str, float]) -> dict[str, float]:
-        for metric, value in thresholds.items():
-            if not is_known_metric(metric):
-                raise ValueError(f"unknown metric {metric!r}; use a headline metric such as "
-                                 "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s")
-            if value == 0 or not math.isfinite(value):
-                raise ValueError(f"threshold for {metric} must be a non-zero percentage")
-        return thresholds
-
-
-class AuditConfig(_Strict):
-    """The whole audit: four measuring stages, then the report."""
-
-    name: str = Field("audit", min_length=1, description="Run name shown in MLflow and Prefect.")
-    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
-    profile: ProfileConfig = Field(default_factory=ProfileConfig)
-    stream: StreamConfig = Field(default_factory=StreamConfig)
-    sweep: SweepConfig = Field(default_factory=SweepConfig)
-    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
-    server: ServerConfig = Field(default_factory=ServerConfig)
-    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
-    regression: RegressionConfig = Field(default_factory=RegressionConfig)
-    schedule_cron: str | None = Field(
-        None, description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
-        "nightly); empty = no schedule.",
-    )
-
-    @field_validator("schedule_cron")
-    @classmethod
-    def _cron(cls, value: str | None) -> str | None:
-        if value:
-            from datetime import datetime
-
-            from cronsim import CronSim, CronSimError
-
-            try:
-                CronSim(value, datetime(2026, 1, 1))
-            except CronSimError as exc:
-                raise ValueError(f"not a cron string ({exc}); e.g. '0 3 * * *' for 03:00 daily")
-        return value
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be used; the message names the field and the fix."""
-
-
-def describe_validation_error(error: ValidationError, source: str = "config") -> str:
-    """One line naming the first bad field, what is wrong and (where the model says) the fix."""
-    first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
-    message = first["msg"]
-    if first["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see configs/default.yaml for the fields)"
-    more = len(error.errors()) - 1
-    suffix = f" (+{more} more)" if more else ""
-    return f"{source}: {where}: {message}{suffix}"
-
-
-def load_config(path: str | Path | None = None, model: type[BaseModel] = AuditConfig) -> Any:
-    """Read and validate a YAML config (None = the built-in defaults).
-
-    Raises:
-        ConfigError: the file is missing, is not YAML mapping, or a field is invalid; the
-            message is one line that names the file and the field.
-    """
-    if path is None:
-        return model()
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"config: file not found: {path}")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping of stage names to settings")
-    try:
-        return model.model_validate(data)
-    except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, str(path))) from None

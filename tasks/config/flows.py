@@ -1,0 +1,124 @@
+"""The configs a whole flow run takes: one per standalone flow, the audit's, and the run-level
+settings (MLflow tracking, the regression verdict) they share.
+"""
+
+from __future__ import annotations
+
+import math
+
+from pydantic import Field, field_validator
+
+from tasks import metrics
+from tasks.config.stages import (
+    EndpointConfig,
+    ProfileConfig,
+    ServerConfig,
+    StreamConfig,
+    SweepConfig,
+    TokenizeConfig,
+    TrackingConfig,
+    _Strict,
+)
+
+
+class RegressionConfig(_Strict):
+    """How an audit is judged against its baseline (see tasks/report/regression.py for the rule)."""
+
+    enabled: bool = Field(True, description="Compare with a baseline when one exists.")
+    baseline_run_id: str | None = Field(
+        None, description="A named MLflow run as baseline; empty = median of the last N audits "
+        "of the same endpoint and model.",
+    )
+    baseline_last_n: int = Field(5, ge=1, description="N for the median baseline.")
+    thresholds_pct: dict[str, float] = Field(
+        default_factory=lambda: dict(metrics.DEFAULT_THRESHOLDS_PCT),
+        description="Allowed change per metric in percent: +15 = latency may grow 15 %, "
+        "-10 = throughput may drop 10 %.",
+    )
+    fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
+
+    @field_validator("thresholds_pct")
+    @classmethod
+    def _known_metrics(cls, thresholds: dict[str, float]) -> dict[str, float]:
+        for metric, value in thresholds.items():
+            if not metrics.is_known_metric(metric):
+                raise ValueError(f"unknown metric {metric!r}; use a headline metric such as "
+                                 "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s")
+            if value == 0 or not math.isfinite(value):
+                raise ValueError(f"threshold for {metric} must be a non-zero percentage")
+        return thresholds
+
+
+# flow configs
+class StreamFlowConfig(_Strict):
+    """The remote stream stage alone (`infermeter stream`): the stage plus where it streams from."""
+
+    name: str = Field("stream", min_length=1, description="Run name shown in MLflow and Prefect.")
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+
+class SweepFlowConfig(_Strict):
+    """The sampling sweep alone (`infermeter sweep`): the sweep plus where it runs."""
+
+    name: str = Field("sweep", min_length=1, description="Run name shown in MLflow and Prefect.")
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+    resume: bool = Field(True, description="Skip points already FINISHED in MLflow (same params + endpoint).")
+
+
+class ProfileFlowConfig(_Strict):
+    """The local profile stage alone (`infermeter profile`): the stage plus tracking. The
+    parent run's params are the ``profile.*`` and ``tracking.*`` fields (not the name)."""
+
+    name: str = Field("profile", min_length=1, description="Run name shown in MLflow and Prefect.")
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+
+class TokenizeFlowConfig(_Strict):
+    """The tokenize stage alone (`infermeter tokenize`): the stage, the model whose tokenizer is
+    ``model``, and tracking. The parent run's params are the tokenize fields, unprefixed."""
+
+    name: str = Field("tokenize", min_length=1, description="Run name shown in MLflow and Prefect.")
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    model: str = Field(
+        "gguf:default", min_length=1,
+        description="Model source whose tokenizer is the tokenizer named `model` (see profile.model).",
+    )
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+class AuditConfig(_Strict):
+    """The whole audit: four measuring stages, then the report."""
+
+    name: str = Field("audit", min_length=1, description="Run name shown in MLflow and Prefect.")
+    tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    stream: StreamConfig = Field(default_factory=StreamConfig)
+    sweep: SweepConfig = Field(default_factory=SweepConfig)
+    endpoint: EndpointConfig = Field(default_factory=EndpointConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    regression: RegressionConfig = Field(default_factory=RegressionConfig)
+    schedule_cron: str | None = Field(
+        None, description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
+        "nightly); empty = no schedule.",
+    )
+
+    @field_validator("schedule_cron")
+    @classmethod
+    def _cron(cls, value: str | None) -> str | None:
+        if value:
+            from datetime import datetime
+
+            from cronsim import CronSim, CronSimError
+
+            try:
+                CronSim(value, datetime(2026, 1, 1))
+            except CronSimError as exc:
+                raise ValueError(f"not a cron string ({exc}); e.g. '0 3 * * *' for 03:00 daily")
+        return value

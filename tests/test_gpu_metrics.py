@@ -71,14 +71,14 @@ def tiny():
 
 def test_a_cpu_point_has_no_gpu_keys(tiny):
     point = profile_point(tiny, prompt_ids=torch.arange(6).unsqueeze(0), batch_size=1,
-                          max_new_tokens=2, repeats=1, warmup=0, device="cpu")
+                          max_new_tokens=2, repeats=1, warmup=0, device="cpu").to_dict()
     assert point["device"] == "cpu" and not [k for k in point if k.startswith("gpu_")]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 def test_a_cuda_point_has_the_gpu_keys(tiny):
     point = profile_point(tiny.to("cuda"), prompt_ids=torch.arange(6).unsqueeze(0), batch_size=1,
-                          max_new_tokens=2, repeats=2, warmup=1, device="cuda")
+                          max_new_tokens=2, repeats=2, warmup=1, device="cuda").to_dict()
     assert set(GPU_METRIC_KEYS) <= set(point)
     if _nvml_works():
         assert point["gpu_metric_samples"] >= 1 and point["gpu_power_w_mean"] > 0

@@ -1,4 +1,5 @@
-"""tasks.profile.memory: KV-cache formula vs the real cache, weight bytes, the RSS sampler, CUDA no-ops.
+"""tasks.profile.memory and memory_readings: KV-cache formula vs the real cache, weight bytes, the
+RSS sampler, CUDA no-ops.
 
 Everything runs on a tiny random-weight Llama with GQA (4 heads, 2 KV heads): no downloads.
 """
@@ -14,9 +15,6 @@ import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
 from tasks.profile.memory import (
-    RssSampler,
-    cuda_peak_bytes,
-    cuda_reset_peak,
     dtype_bytes,
     kv_cache_bytes_formula,
     kv_cache_bytes_measured,
@@ -24,6 +22,7 @@ from tasks.profile.memory import (
     kv_geometry,
     weights_bytes,
 )
+from tasks.profile.memory_readings import RssSampler, cuda_peak_bytes, cuda_reset_peak
 
 TINY = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -151,7 +150,7 @@ def test_rss_sampler_sees_a_deliberate_allocation():
     # absorb the block without any RSS growth, which is the allocator's truth, not the sampler's.
     code = (
         "import time, torch\n"
-        "from tasks.profile.memory import RssSampler\n"
+        "from tasks.profile.memory_readings import RssSampler\n"
         "with RssSampler() as s:\n"
         "    block = torch.ones(50_000_000, dtype=torch.float32)  # 200 MB, every page touched\n"
         "    time.sleep(1.0)  # ~200 sampling intervals\n"

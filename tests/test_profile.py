@@ -1,4 +1,5 @@
-"""tasks.profile: the prefill / decode loop on a tiny random-weight GQA Llama (no downloads).
+"""tasks.profile (measure, phases, timing): the prefill / decode loop on a tiny random-weight GQA
+Llama (no downloads).
 
 The greedy loop is checked against transformers' own ``generate``, so its timings are the
 timings of the model's real greedy path; KV bytes are checked against the formula exactly.
@@ -13,18 +14,11 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tasks.profile.measure import make_prompt_ids, profile_point
 from tasks.profile.memory import dtype_bytes, kv_cache_bytes_formula, weights_bytes
-from tasks.profile.measure import (
-    Timer,
-    decode_one_token,
-    greedy,
-    main,
-    make_prompt_ids,
-    percentile,
-    prefill,
-    profile_point,
-    resolve_device,
-)
+from tasks.profile.phases import decode_one_token, greedy, prefill
+from tasks.profile.standalone import main
+from tasks.profile.timing import Timer, percentile, resolve_device
 
 TINY = dict(
     vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -52,11 +46,12 @@ def prompt(n: int, seed: int = 1) -> torch.Tensor:
     return torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(seed))
 
 
-def run(model, n=8, batch=1, steps=4, repeats=2, warmup=1):
+def run(model, n=8, batch=1, steps=4, repeats=2, warmup=1) -> dict:
+    """The point as it leaves the package: PointMeasurement.to_dict()."""
     return profile_point(
         model, prompt_ids=prompt(n), batch_size=batch, max_new_tokens=steps,
         repeats=repeats, warmup=warmup, device="cpu",
-    )
+    ).to_dict()
 
 
 # ---------------------------------------------------------------------------- the point
@@ -246,8 +241,8 @@ def test_cpu_timer_measures_spans_in_ms():
 
 def test_standalone_entry_point_prints_a_point(capsys):
     code = main([
-        "--layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "1", "--vocab", "128",
-        "--prompt-length", "12", "--max-new-tokens", "3", "--repeats", "1", "--warmup", "0",
+        "--num-layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "1", "--vocab", "128",
+        "--prompt-lengths", "12", "--max-new-tokens", "3", "--repeats", "1", "--warmup", "0",
         "--dtype", "float32", "--device", "cpu",
     ])
     assert code == 0

@@ -8,18 +8,11 @@ shape, so the full model's figure is the slice's x (layers / slice layers).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
 
-from tasks.profile.memory import (
-    MemoryNeedError,
-    check_memory,
-    estimate_point_memory,
-    kv_cache_bytes_formula,
-    kv_cache_bytes_seed_formula,
-    kv_geometry,
-)
 from tasks.models import (
     ARCH_PRESETS,
     ModelSourceError,
@@ -30,9 +23,18 @@ from tasks.models import (
     parameter_count,
     resolve,
 )
-from tasks.profile.measure import greedy, make_prompt_ids, prefill
-from tasks.profile.plots import write_profile_plots
 from tasks.profile.grid import ProfilePoint, check_request, profile_points
+from tasks.profile.measure import make_prompt_ids
+from tasks.profile.memory import (
+    MemoryNeedError,
+    check_memory,
+    estimate_point_memory,
+    kv_cache_bytes_formula,
+    kv_cache_bytes_seed_formula,
+    kv_geometry,
+)
+from tasks.profile.phases import greedy, prefill
+from tasks.profile.plots import write_profile_plots
 from tasks.profile.runner import run_sweep
 
 GIB = 2**30
@@ -97,10 +99,10 @@ def test_arch_tokenizer_makes_ids_inside_the_vocabulary():
 def test_preset_slice_kv_bytes_equal_the_formula_per_layer(name, layers, prompt):
     spec = f"arch:{name}"
     steps, batch = 2, 2
-    [row] = run_sweep(
+    [row] = [r.to_dict() for r in run_sweep(
         spec, [ProfilePoint(prompt, batch, default_dtype(spec))], max_new_tokens=steps, repeats=1,
         warmup=0, device="cpu", num_layers=layers,
-    )
+    )]
     assert not row["failed"], row["error"]
     full = model_config(spec)
     full_layers, kv_heads, head_dim = kv_geometry(full)
@@ -136,8 +138,9 @@ def test_arch_path_to_a_config_json(tmp_path):
     spec = f"arch:{tmp_path / 'config.json'}"
     assert resolve(f"arch:{tmp_path}").location == resolve(spec).location
     assert default_dtype(spec) == "float32"
-    [row] = run_sweep(spec, [ProfilePoint(20, 3, "float32")], max_new_tokens=4, repeats=1,
-                      warmup=0, device="cpu")
+    [row] = [r.to_dict() for r in run_sweep(
+        spec, [ProfilePoint(20, 3, "float32")], max_new_tokens=4, repeats=1, warmup=0, device="cpu",
+    )]
     assert row["kv_cache_bytes"] == kv_cache_bytes_formula(3, 24, 2, 2, 8, 4)
     assert row["kv_seed_formula_ratio"] == 4.0 and row["random_weights"] is True
     with pytest.raises(ValueError, match="context of 128"):
@@ -153,10 +156,10 @@ def smollm2():
 
 
 def test_smollm2_kv_bytes_equal_the_formula_and_shapes():
-    rows = run_sweep(
+    rows = [r.to_dict() for r in run_sweep(
         "gguf:default", profile_points([16], [2], ["float32"], [0, 8]), max_new_tokens=3,
         repeats=1, warmup=0, device="cpu",
-    )
+    )]
     assert [(r["batch_size"], r["prefill_chunk_size"]) for r in rows] == [(2, 0), (2, 8)]
     for row in rows:
         assert not row["failed"], row["error"]
@@ -218,12 +221,12 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
     seen = []
     calls = iter([10**12, 10**12, 10**12, 1, 1, 10**12])  # load, pt, pt, pt, load, pt
 
-    rows = run_sweep(
+    rows = [r.to_dict() for r in run_sweep(
         "arch:smollm2-135m", profile_points([8, 12], [1], ["float32", "bfloat16"]),
         max_new_tokens=1, repeats=1, warmup=0, device="cpu", num_layers=1,
-        on_point=lambda i, total, row: seen.append((i, total, row["failed"])),
+        on_point=lambda i, total, row: seen.append((i, total, row.failed)),
         available=lambda device: next(calls),
-    )
+    )]
     assert [s[:2] for s in seen] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert [r["failed"] for r in rows] == [False, False, True, True]
     assert rows[2]["error"].startswith("MemoryNeedError: model arch:smollm2-135m in bfloat16: needs")
@@ -232,10 +235,10 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
 
 def test_a_point_that_fails_in_the_middle_is_recorded():
     calls = iter([10**12, 1, 10**12])
-    rows = run_sweep(
+    rows = [r.to_dict() for r in run_sweep(
         "arch:smollm2-135m", profile_points([8, 12], [1], ["float32"]), max_new_tokens=1,
         repeats=1, warmup=0, device="cpu", num_layers=1, available=lambda device: next(calls),
-    )
+    )]
     assert [r["failed"] for r in rows] == [True, False]
     assert rows[0]["error"].startswith("MemoryNeedError: N=8 B=1 float32: needs about")
 
@@ -264,14 +267,15 @@ def test_check_request_refuses_bad_input():
 
 
 def test_plots_are_written_for_successful_points(tmp_path):
-    rows = run_sweep(
+    results = run_sweep(
         "arch:smollm2-135m", profile_points([8, 16], [1], ["float32"], [0, 4]), max_new_tokens=2,
         repeats=1, warmup=0, device="cpu", num_layers=1,
     )
-    paths = write_profile_plots(rows, tmp_path)
+    paths = write_profile_plots(results, tmp_path)
     assert [p.name for p in paths] == [
         "prefill_ms_vs_prompt_length.png", "decode_ms_vs_context_position.png",
         "memory_vs_sequence_length.png", "ttft_vs_prefill_chunk_size.png",
     ]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in paths)
-    assert write_profile_plots([{**rows[0], "failed": True}], tmp_path / "none") == []
+    failed = replace(results[0], error="RuntimeError: forced")
+    assert failed.failed and write_profile_plots([failed], tmp_path / "none") == []

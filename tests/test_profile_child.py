@@ -16,9 +16,9 @@ import time
 
 import psutil
 
-from tasks.profile.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.models import model_config, parameter_count
 from tasks.profile.grid import profile_points
+from tasks.profile.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.profile.runner import CHILD_PROCESS_FRACTION, run_sweep
 
 SPEC = "arch:smollm2-135m"
@@ -60,18 +60,21 @@ def test_child_points_match_in_process_ones_and_a_killed_child_is_recorded():
     free = 10**12
     threshold = (need[points[3]] + need[points[0]]) / 2 / free
     assert max(need[p] for p in points[2:]) < threshold * free < min(need[p] for p in points[:2])
-    [reference] = run_sweep(SPEC, points[1:2], repeats=1, warmup=0, device="cpu", num_layers=1)
+    [reference] = [r.to_dict() for r in run_sweep(
+        SPEC, points[1:2], repeats=1, warmup=0, device="cpu", num_layers=1,
+    )]
     assert not reference["failed"] and reference["child_process"] is False
 
     seen: list[tuple[int, int, int]] = []
     killer = KillFirstSpawnedChild()
     killer.start()
     try:
-        rows = run_sweep(
+        rows = [r.to_dict() for r in run_sweep(
             SPEC, points, repeats=1, warmup=0, device="cpu", num_layers=1,
             available=lambda device: free, child_fraction=threshold,
-            on_point=lambda i, n, row: seen.append((i, row["prompt_tokens"], row["max_new_tokens"])),
-        )
+            on_point=lambda i, n, row: seen.append(
+                (i, row.point.prompt_tokens, row.point.max_new_tokens)),
+        )]
     finally:
         killer.stop.set()
         killer.join(5)
@@ -117,8 +120,9 @@ def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
     }), encoding="utf-8")
     spec = f"hf:{tmp_path}"
     args = dict(max_new_tokens=2, repeats=1, warmup=0, device="cpu")
-    [here] = run_sweep(spec, profile_points([8], [1], ["float32"]), child_fraction=float("inf"), **args)
-    [apart] = run_sweep(spec, profile_points([8], [1], ["float32"]), child_fraction=0.0, **args)
+    points = profile_points([8], [1], ["float32"])
+    [here] = [r.to_dict() for r in run_sweep(spec, points, child_fraction=float("inf"), **args)]
+    [apart] = [r.to_dict() for r in run_sweep(spec, points, child_fraction=0.0, **args)]
     assert here["failed"] and apart["failed"]
     assert (here["child_process"], apart["child_process"]) == (False, True)
     assert apart["error"] == here["error"] and not apart["error"].startswith("PointProcessDied")
@@ -127,10 +131,10 @@ def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
 
 def test_a_point_that_cannot_fit_even_alone_fails_before_a_child_starts():
     readings = iter([10**12, 1])  # the dtype's reading routes it to a child; then 1 byte free
-    [row] = run_sweep(
+    [row] = [r.to_dict() for r in run_sweep(
         SPEC, profile_points([8], [1], ["float32"], [0], 2), repeats=1, warmup=0, device="cpu",
         num_layers=1, available=lambda device: next(readings), child_fraction=0.0,
-    )
+    )]
     assert row["failed"] and row["child_process"] is False
     assert row["error"].startswith("MemoryNeedError: N=8 B=1 float32: needs about")
     assert "weights" in row["error"]  # the child would load its own copy: weights count

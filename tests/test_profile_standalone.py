@@ -1,5 +1,6 @@
 """``python -m tasks.profile``, the GPU machine's entry point: ``--model arch:NAME`` presets,
-``--layers`` slicing them, one-line errors, and no import beyond torch and transformers.
+``--num-layers`` slicing them, ``--prompt-lengths`` taking one value, one-line errors, and no
+import beyond torch and transformers.
 
 The GPU machine has only torch and transformers: the last test runs the entry point in a fresh
 interpreter whose import system cannot see prefect, mlflow, polars and the rest of this venv's
@@ -21,12 +22,12 @@ from tasks.profile.memory import kv_cache_bytes_formula
 from tasks.profile.standalone import main
 
 REPO = Path(__file__).resolve().parent.parent
-SMALL = ["--prompt-length", "8", "--max-new-tokens", "2", "--repeats", "1", "--warmup", "0",
+SMALL = ["--prompt-lengths", "8", "--max-new-tokens", "2", "--repeats", "1", "--warmup", "0",
          "--device", "cpu"]
 
 
 def test_a_preset_with_fewer_layers(capsys):
-    assert main(["--model", "arch:smollm2-135m", "--layers", "2", *SMALL]) == 0
+    assert main(["--model", "arch:smollm2-135m", "--num-layers", "2", *SMALL]) == 0
     point = json.loads(capsys.readouterr().out)
     assert point["model"] == "arch:smollm2-135m" and point["random_weights"] is True
     assert point["dtype"] == "float32"  # the preset's default
@@ -44,11 +45,14 @@ def test_a_preset_with_fewer_layers(capsys):
     (["--model", "arch:llama-2-7b", "--hidden", "64"], "--model sets the shape: drop --hidden"),
     (["--model", "arch:llama-9b"], "presets: llama-2-7b, llama-3-8b, smollm2-135m"),
     (["--model", "gguf:default"], "arch: specs only"),
-    (["--model", "arch:llama-2-7b", "--layers", "40"], "num_layers 40 is outside 1..32"),
-    (["--layers", "0"], "--layers 0: must be at least 1"),
+    (["--model", "arch:llama-2-7b", "--num-layers", "40"], "num_layers 40 is outside 1..32"),
+    (["--num-layers", "0"], "--num-layers 0: must be at least 1"),
     (["--model", "arch:smollm2-135m", "--batch-size", "0"], "--batch-size 0: must be at least 1"),
-    (["--model", "arch:llama-2-7b", "--prompt-length", "4090", "--max-new-tokens", "16"],
+    (["--model", "arch:llama-2-7b", "--prompt-lengths", "4090", "--max-new-tokens", "16"],
      "context of 4096 tokens"),
+    (["--model", "arch:smollm2-135m", "--prompt-lengths", "8,16"],
+     "--prompt-lengths 8,16: give one whole number"),
+    (["--model", "arch:smollm2-135m", "--prompt-lengths", "0"], "--prompt-lengths 0: must be at least 1"),
 ])
 def test_bad_input_exits_2_with_one_line(capsys, args, needle):
     assert main([*args, "--device", "cpu"]) == 2
@@ -89,8 +93,8 @@ _HIDDEN_RUN = textwrap.dedent("""
 
 def test_runs_with_only_torch_and_transformers():
     result = subprocess.run(
-        [sys.executable, "-c", _HIDDEN_RUN, "--model", "arch:smollm2-135m", "--layers", "1",
-         "--prompt-length", "8", "--max-new-tokens", "1", "--repeats", "1", "--warmup", "0",
+        [sys.executable, "-c", _HIDDEN_RUN, "--model", "arch:smollm2-135m", "--num-layers", "1",
+         "--prompt-lengths", "8", "--max-new-tokens", "1", "--repeats", "1", "--warmup", "0",
          "--device", "cpu"],
         capture_output=True, text=True, cwd=REPO, timeout=300,
     )

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from tasks.config import AuditConfig, ConfigError, ProfileConfig, load_config
+from tasks.profile.grid import ProfilePoint, check_request, point_label, profile_points, steps_swept
 from tasks.profile.memory import kv_cache_bytes_formula
 from tasks.profile.plots import _group
-from tasks.profile.grid import ProfilePoint, check_request, point_label, profile_points, steps_swept
 from tasks.profile.runner import run_sweep
 
 
@@ -70,10 +70,11 @@ def test_context_check_uses_the_largest_value():
 
 def test_each_point_runs_and_is_estimated_at_its_own_max_new_tokens():
     seen = []
-    rows = run_sweep(
+    rows = [r.to_dict() for r in run_sweep(
         "arch:smollm2-135m", profile_points([8], [2], ["float32"], [0], [1, 4]), repeats=1,
-        warmup=0, device="cpu", num_layers=1, on_point=lambda i, n, row: seen.append(row["max_new_tokens"]),
-    )
+        warmup=0, device="cpu", num_layers=1,
+        on_point=lambda i, n, row: seen.append(row.point.max_new_tokens),
+    )]
     assert seen == [1, 4]
     short, long = rows
     for row, steps in ((short, 1), (long, 4)):
@@ -89,10 +90,10 @@ def test_each_point_runs_and_is_estimated_at_its_own_max_new_tokens():
         2, 3, 1, 3, 64, 4
     )
     # a point's own value wins over run_sweep's; a point without one takes run_sweep's
-    [own, default] = run_sweep(
+    [own, default] = [r.to_dict() for r in run_sweep(
         "arch:smollm2-135m", [ProfilePoint(8, 1, "float32", 0, 2), ProfilePoint(8, 1, "float32")],
         max_new_tokens=3, repeats=1, warmup=0, device="cpu", num_layers=1,
-    )
+    )]
     assert (own["max_new_tokens"], len(own["decode_ms"])) == (2, 2)
     assert (default["max_new_tokens"], len(default["decode_ms"])) == (3, 3)
     with pytest.raises(ValueError, match="max_new_tokens"):

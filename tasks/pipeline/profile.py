@@ -1,27 +1,29 @@
-"""The local profile stage as a Prefect task."""
+"""The local profile stage as a Prefect task: orchestration and tracking around
+:func:`tasks.profile.runner.run_sweep` (the measurement, the memory checks, the child processes,
+the typed results, the journal and the plots are all in :mod:`tasks.profile`)."""
 
 from __future__ import annotations
 
-import json
-import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from prefect import task
 
-from tasks.profile import measure as profile
+from tasks import metrics
 from tasks.config import ProfileConfig
+from tasks.pipeline.common import STAGE, StageRun, _scalars
 from tasks.tracking import TrackingTarget, flatten_params
 
-from tasks.pipeline.common import STAGE, StageRun, _scalars
+if TYPE_CHECKING:  # torch and transformers load inside the task, not with this module
+    from tasks.profile.result import ProfilePointResult
+    from tasks.tracking import Tracker
 
-PROFILE_HEADLINE = (
-    "prefill_ms", "prefill_tokens_per_s", "decode_ms_p50", "decode_tokens_per_s",
-    "weights_bytes", "kv_cache_bytes", "kv_cache_bytes_formula", "peak_memory_bytes",
-)
+PROFILE_HEADLINE = metrics.headline("profile")
 
 
 class ProfileSweepFailed(RuntimeError):
-    """Every point of a profile sweep failed; ``points`` keeps each point's recorded cause."""
+    """Every point of a profile sweep failed; ``points`` keeps each point's recorded cause (the
+    rows of :meth:`ProfilePointResult.to_dict`)."""
 
     def __init__(self, message: str, points: list[dict]):
         super().__init__(message)
@@ -41,6 +43,23 @@ def _profile_progress(total: int):
     return bar, bar.add_task("loading the model", total=total)
 
 
+def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePointResult,
+                 label: str) -> None:
+    """One point's child run under the stage's: tags, the point's parameters, its scalar
+    figures, the per-step decode times as a series; FAILED (with an ``error`` tag) or FINISHED."""
+    row = result.to_dict()
+    child = tracker.start_run(f"profile {label}", stage_run_id, {
+        "stage": "profile_point", "random_weights": result.random_weights,
+        "child_process": result.child_process,
+        **({"error": result.error} if result.failed else {}),
+    })
+    tracker.log_params(child, {k: str(v) for k, v in result.parameters().items()})
+    tracker.log_metrics(child, _scalars(row))
+    if result.measurement is not None:
+        tracker.log_metric_series(child, "decode_step_ms", row["decode_ms"])
+    tracker.end_run(child, "FAILED" if result.failed else "FINISHED")
+
+
 @task(name="profile", **STAGE)
 def profile_stage(
     cfg: ProfileConfig, target: TrackingTarget, parent_run_id: str | None, workdir: str,
@@ -52,21 +71,23 @@ def profile_stage(
     One child run per point (FAILED with an ``error`` tag for a point that failed), the points
     as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run. Each
     finished point is also appended to ``profile_points.jsonl`` in ``workdir`` at once.
-    Returns {"points", "headline" (the first successful point's), "failed_points",
-    "mlflow_run_id"}.
+    Returns {"points" (the rows of :meth:`ProfilePointResult.to_dict`), "headline" (the first
+    successful point's), "failed_points", "mlflow_run_id"}.
 
     Raises:
         ProfileSweepFailed: no point succeeded (its ``points`` say why each failed).
     """
+    from tasks.models import resolve
+    from tasks.profile.grid import chosen_dtypes, profile_points, steps_swept
+    from tasks.profile.journal import append_point, write_points
     from tasks.profile.plots import write_profile_plots
-    from tasks.profile.grid import point_label, profile_points, steps_swept
     from tasks.profile.runner import run_sweep
-    from tasks.models import default_dtype, resolve
+    from tasks.profile.timing import resolve_device
 
     source = resolve(cfg.model)
     with StageRun(target, "profile", parent_run_id, {"random_weights": source.random_weights}) as run:
-        device = profile.resolve_device(cfg.device)
-        dtypes = cfg.dtypes or [default_dtype(cfg.model)]
+        device = resolve_device(cfg.device)
+        dtypes = chosen_dtypes(cfg.model, cfg.dtypes)
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
         run.tracker.set_tags(run.run_id, {"device": device, "dtypes": ",".join(dtypes), "model": cfg.model})
         points = profile_points(
@@ -76,57 +97,38 @@ def profile_stage(
         show_steps = steps_swept(points)
         bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
 
-        journal = Path(workdir) / "profile_points.jsonl"
-
-        def on_point(index: int, total: int, row: dict) -> None:
-            # kept at once, so a crash or Ctrl-C keeps every finished point (also untracked)
-            with open(journal, "a", encoding="utf-8") as out:
-                out.write(json.dumps(row, default=str) + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-            label = point_label(row, show_steps)
-            child = run.tracker.start_run(f"profile {label}", run.run_id, {
-                "stage": "profile_point", "random_weights": row["random_weights"],
-                "child_process": row["child_process"],
-                **({"error": row["error"]} if row["failed"] else {}),
-            })
-            run.tracker.log_params(child, {k: str(row[k]) for k in (
-                "model", "prompt_tokens", "batch_size", "dtype", "prefill_chunk_size",
-                "max_new_tokens", "device", "random_weights",
-            )})
-            run.tracker.log_metrics(child, _scalars(row))
-            if not row["failed"]:
-                run.tracker.log_metric_series(child, "decode_step_ms", row["decode_ms"])
-            run.tracker.end_run(child, "FAILED" if row["failed"] else "FINISHED")
+        def on_point(index: int, total: int, result: ProfilePointResult) -> None:
+            append_point(workdir, result)  # at once: a crash or Ctrl-C keeps it (also untracked)
+            label = result.point.label(show_steps)
+            _track_point(run.tracker, run.run_id, result, label)
             if bar is not None:
-                bar.update(bar_task, advance=1, description=label + (" FAILED" if row["failed"] else ""))
+                bar.update(bar_task, advance=1, description=label + (" FAILED" if result.failed else ""))
                 bar.refresh()
 
         if bar is not None:
             bar.start()
             bar.refresh()
         try:
-            rows = run_sweep(
+            results = run_sweep(
                 cfg.model, points, repeats=cfg.repeats, warmup=cfg.warmup, device=device,
                 num_layers=cfg.num_layers, on_point=on_point,
             )
         finally:
             if bar is not None:
                 bar.stop()
-        path = Path(workdir) / "profile_points.json"
-        path.write_text(json.dumps(rows, indent=1, default=str), encoding="utf-8")
-        run.tracker.log_artifact(run.run_id, path)
-        for png in write_profile_plots(rows, Path(workdir) / "profile_plots"):
+        run.tracker.log_artifact(run.run_id, write_points(workdir, results))
+        for png in write_profile_plots(results, Path(workdir) / "profile_plots"):
             run.tracker.log_artifact(run.run_id, png, "plots")
-        ok = [r for r in rows if not r["failed"]]
-        failed = len(rows) - len(ok)
+        rows = [r.to_dict() for r in results]
+        ok = [r for r in results if not r.failed]
+        failed = len(results) - len(ok)
         if ok:
-            run.tracker.set_tags(run.run_id, {"attn_implementation": str(ok[0]["attn_implementation"])})
+            attn = ok[0].measurement.attn_implementation
+            run.tracker.set_tags(run.run_id, {"attn_implementation": str(attn)})
         run.tracker.log_metrics(run.run_id, {"profile_points": len(rows), "profile_failed_points": failed})
         if not ok:
-            raise ProfileSweepFailed(f"every profile point failed; first: {rows[0]['error']}", rows)
-        headline = {k: ok[0].get(k) for k in PROFILE_HEADLINE}
+            raise ProfileSweepFailed(f"every profile point failed; first: {results[0].error}", rows)
+        first = ok[0].to_dict()
+        headline = {k: first.get(k) for k in PROFILE_HEADLINE}
         run.tracker.log_metrics(run.run_id, headline)
         return {"points": rows, "headline": headline, "failed_points": failed, "mlflow_run_id": run.run_id}
-
-

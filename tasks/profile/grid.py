@@ -13,9 +13,12 @@ from typing import Any
 import torch
 
 from tasks.models import default_dtype, model_config, resolve
-from tasks.profile.measure import resolve_device
+from tasks.profile.timing import resolve_device
 
-__all__ = ["DTYPES", "ProfilePoint", "check_request", "point_label", "profile_points", "steps_swept"]
+__all__ = [
+    "DTYPES", "ProfilePoint", "check_request", "chosen_dtypes", "point_label", "profile_points",
+    "steps_swept",
+]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -93,6 +96,11 @@ def dtype_supported(dtype: str, device: torch.device) -> bool:
     return True
 
 
+def chosen_dtypes(spec: str, dtypes: Sequence[str] | None) -> list[str]:
+    """The dtypes asked for, or (None or empty) the spec's default (:func:`default_dtype`)."""
+    return list(dtypes) if dtypes else [default_dtype(spec)]
+
+
 def check_request(
     spec: str,
     dtypes: Sequence[str] | None,
@@ -118,7 +126,7 @@ def check_request(
         resolved = resolve_device(device)
     except RuntimeError as exc:
         raise ValueError(f"--device {device}: {exc}; use cpu or auto") from None
-    chosen = list(dtypes) if dtypes else [default_dtype(spec)]
+    chosen = chosen_dtypes(spec, dtypes)
     runnable = [d for d in DTYPES if dtype_supported(d, resolved)]
     for dtype in chosen:
         if dtype not in runnable:
@@ -141,8 +149,6 @@ def check_request(
                 f"context of {context} tokens; {fix}"
             )
     return resolved, chosen, config
-
-
 
 
 def point_label(row: dict, steps: bool = False) -> str:

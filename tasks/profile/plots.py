@@ -1,6 +1,6 @@
 """PNG plots of the local profile stage (matplotlib, Agg backend: no display needed).
 
-:func:`write_profile_plots` takes the sweep's result rows (:func:`tasks.profile.runner.run_sweep`;
+:func:`write_profile_plots` takes the sweep's results (:func:`tasks.profile.runner.run_sweep`;
 failed points are skipped) and writes four PNGs:
 
 - ``prefill_ms_vs_prompt_length.png``: prefill_ms (= local TTFT) against prompt length, a line
@@ -13,7 +13,8 @@ failed points are skipped) and writes four PNGs:
   (the whole prompt for no chunking), a line per prompt length x batch x dtype.
 
 When the sweep holds more than one max_new_tokens value, every grouping (and each decode line's
-label) also splits by it (``T=``).
+label) also splits by it (``T=``). The charts read the points' rows
+(:meth:`~tasks.profile.result.ProfilePointResult.to_dict`): they are keyed by the metric names.
 """
 
 from __future__ import annotations
@@ -28,17 +29,14 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from tasks.profile.grid import point_label  # noqa: E402
+from tasks.profile.grid import point_label, steps_swept  # noqa: E402
+from tasks.profile.result import ProfilePointResult  # noqa: E402
 
 MIB = 2**20
 
 
-def _steps_swept(rows: Sequence[dict]) -> bool:
-    return len({row.get("max_new_tokens") for row in rows}) > 1
-
-
 def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
-    if _steps_swept(rows):
+    if steps_swept(rows):
         keys = (*keys, "max_new_tokens")
     groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
@@ -79,7 +77,7 @@ def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
 
 def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
     fig, ax = plt.subplots(figsize=(6.4, 4))
-    steps = _steps_swept(rows)
+    steps = steps_swept(rows)
     for row in _unchunked(rows):
         start = row["prompt_tokens"]
         positions = range(start, start + len(row["decode_ms"]))
@@ -120,10 +118,10 @@ def ttft_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
-def write_profile_plots(rows: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
-    """Write the four PNGs for the successful rows into ``folder``; returns their paths
+def write_profile_plots(results: Sequence[ProfilePointResult], folder: str | Path) -> list[Path]:
+    """Write the four PNGs for the successful points into ``folder``; returns their paths
     (none when no point succeeded)."""
-    ok = [r for r in rows if not r.get("failed")]
+    ok: list[dict[str, Any]] = [r.to_dict() for r in results if not r.failed]
     if not ok:
         return []
     folder = Path(folder)

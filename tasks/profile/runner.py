@@ -2,8 +2,9 @@
 max_new_tokens over one model spec, one :func:`tasks.profile.measure.profile_point` per point.
 
 Plain code (standard library, torch, transformers, psutil): the profile stage of the audit and
-the ``infermeter profile`` command both call :func:`run_sweep`; orchestration and tracking stay
-in ``tasks/pipeline.py``.
+the ``infermeter profile`` command both call :func:`run_sweep`, which returns one typed
+:class:`~tasks.profile.result.ProfilePointResult` per point; orchestration and tracking stay in
+``tasks/pipeline/profile.py``.
 
 Memory is checked before it is allocated (there is no swap: a process that runs out is killed by
 the kernel, with no traceback): before a dtype's model is built or loaded, its weights plus the
@@ -31,23 +32,25 @@ import signal
 import sys
 import types
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, replace
+from dataclasses import replace
 from typing import Any
 
 import torch
 
-from tasks.profile import measure as profile
+from tasks.models import load_model, model_config, parameter_count, resolve
 from tasks.profile.grid import ProfilePoint, steps_swept
+from tasks.profile.measure import make_prompt_ids, profile_point
 from tasks.profile.memory import (
     MemoryNeedError,
     PointMemory,
-    _gib,
-    available_memory_bytes,
     check_memory,
     dtype_bytes,
     estimate_point_memory,
+    format_gib,
 )
-from tasks.models import load_model, model_config, parameter_count, resolve
+from tasks.profile.memory_readings import available_memory_bytes
+from tasks.profile.result import PointMeasurement, ProfilePointResult
+from tasks.profile.timing import resolve_device
 
 __all__ = ["CHILD_PROCESS_FRACTION", "PointProcessDied", "run_sweep"]
 
@@ -79,29 +82,28 @@ def _describe(exc: BaseException) -> str:
 def _profile_loaded(
     model: torch.nn.Module, tokenizer: Any, point: ProfilePoint, random_weights: bool,
     repeats: int, warmup: int, device: torch.device,
-) -> dict[str, Any]:
-    """One point on a loaded model: :func:`tasks.profile.measure.profile_point` plus ``generated_text``
-    (None for random weights: their text means nothing)."""
-    prompt_ids = profile.make_prompt_ids(tokenizer, point.prompt_tokens)
-    data = profile.profile_point(
+) -> tuple[PointMeasurement, str | None]:
+    """One point on a loaded model: :func:`tasks.profile.measure.profile_point` and the
+    generated text (None for random weights: their text means nothing)."""
+    prompt_ids = make_prompt_ids(tokenizer, point.prompt_tokens)
+    measurement = profile_point(
         model, prompt_ids=prompt_ids, batch_size=point.batch_size,
         max_new_tokens=point.max_new_tokens, repeats=repeats, warmup=warmup, device=device,
         prefill_chunk_size=point.prefill_chunk_size,
     )
-    data["generated_text"] = (
-        None if random_weights else tokenizer.decode(data.get("generated_token_ids", []))
-    )
-    return data
+    text = None if random_weights else tokenizer.decode(list(measurement.generated_token_ids))
+    return measurement, text
 
 
 def _point_in_child(
     conn: Any, spec: str, device: str, num_layers: int | None, point: ProfilePoint,
     repeats: int, warmup: int,
 ) -> None:
-    """The body of a spawned child: load the model, profile one point, send ``("ok", data)``
-    or ``("error", "ExceptionClass: message")`` through ``conn``."""
+    """The body of a spawned child: load the model, profile one point, send
+    ``("ok", (measurement, generated_text))`` or ``("error", "ExceptionClass: message")``
+    through ``conn``."""
     try:
-        resolved = profile.resolve_device(device)
+        resolved = resolve_device(device)
         model, tokenizer = load_model(spec, point.dtype, str(resolved), num_layers=num_layers)
         _touch_weights(model, resolved)
         message: tuple[str, Any] = (
@@ -173,9 +175,10 @@ def _death_cause(label: str, exitcode: int | None, need: PointMemory, free: int)
         how = f"exited with code {exitcode} without a result"
     return _describe(PointProcessDied(
         f"{label}: the child process running the point {how}; estimated need about "
-        f"{_gib(need.total_bytes)} (weights {_gib(need.weights_bytes)} + KV cache "
-        f"{_gib(need.kv_cache_bytes)} + activations {_gib(need.activation_bytes)}), "
-        f"{_gib(free)} available; use a smaller batch or prompt, bfloat16, or a prefill chunk size"
+        f"{format_gib(need.total_bytes)} (weights {format_gib(need.weights_bytes)} + KV cache "
+        f"{format_gib(need.kv_cache_bytes)} + activations {format_gib(need.activation_bytes)}), "
+        f"{format_gib(free)} available; use a smaller batch or prompt, bfloat16, or a prefill "
+        "chunk size"
     ))
 
 
@@ -188,11 +191,11 @@ def run_sweep(
     warmup: int,
     device: torch.device | str,
     num_layers: int | None = None,
-    on_point: Callable[[int, int, dict], None] | None = None,
+    on_point: Callable[[int, int, ProfilePointResult], None] | None = None,
     available: Callable[[torch.device], int] = available_memory_bytes,
     child_fraction: float = CHILD_PROCESS_FRACTION,
-) -> list[dict[str, Any]]:
-    """Profile every point; returns one dict per point, in the order of ``points``.
+) -> list[ProfilePointResult]:
+    """Profile every point; returns one result per point, in the order of ``points``.
 
     ``max_new_tokens``: the decode steps of points whose own ``max_new_tokens`` is None.
 
@@ -205,20 +208,20 @@ def run_sweep(
     reading, weights included, after this process has released its model). ``child_fraction``
     0 sends every point to a child, ``float("inf")`` none.
 
-    Each dict has the point's parameters (model, prompt_tokens, batch_size, dtype,
-    prefill_chunk_size, max_new_tokens, device, random_weights), ``failed`` (bool), ``error``
-    (None, or ``"ExceptionClass: message"``; ``PointProcessDied: ...`` when a child was killed),
+    Each :class:`~tasks.profile.result.ProfilePointResult` has the point (its max_new_tokens
+    filled in), the model spec, device and random_weights, ``error`` (None, or
+    ``"ExceptionClass: message"``; ``PointProcessDied: ...`` when a child was killed),
     ``memory_estimate_bytes`` (the estimate the check used) and ``child_process`` (whether the
-    point ran in a child); a point that ran also has every key of
-    :func:`tasks.profile.measure.profile_point` and ``generated_text`` (None for random weights).
-    ``on_point(index, total, result)`` is called after each point, in the order they ran
+    point ran in a child); a point that ran also has its ``measurement``
+    (:func:`tasks.profile.measure.profile_point`) and ``generated_text`` (None for random
+    weights). ``on_point(index, total, result)`` is called after each point, in the order they ran
     (index counts finished points), outside any timed region.
 
     Raises:
         ValueError: a point has no max_new_tokens and none is given here.
         Nothing for a point's failure (memory, a torch error, a killed child): it is recorded.
     """
-    device = profile.resolve_device(device)
+    device = resolve_device(device)
     source = resolve(spec)
     points = [p if p.max_new_tokens is not None else replace(p, max_new_tokens=max_new_tokens)
               for p in points]
@@ -227,7 +230,7 @@ def run_sweep(
     show_steps = steps_swept(points)
     config = model_config(spec, num_layers=num_layers)
     parameters = parameter_count(config)
-    results: dict[int, dict[str, Any]] = {}
+    results: dict[int, ProfilePointResult] = {}
 
     def estimate(point: ProfilePoint) -> PointMemory:
         return estimate_point_memory(
@@ -236,13 +239,16 @@ def run_sweep(
             max_new_tokens=point.max_new_tokens, prefill_chunk_size=point.prefill_chunk_size,
         )
 
-    def record(index: int, point: ProfilePoint, data: dict, error: str | None, child: bool) -> None:
-        row = {
-            "model": spec, **asdict(point), "device": str(device),
-            "random_weights": source.random_weights, "failed": error is not None, "error": error,
-            "memory_estimate_bytes": estimate(point).total_bytes, "child_process": child, **data,
-        }
-        row["dtype"] = point.dtype
+    def record(
+        index: int, point: ProfilePoint, ran: tuple[PointMeasurement, str | None] | None,
+        error: str | None, child: bool,
+    ) -> None:
+        measurement, text = ran if ran is not None else (None, None)
+        row = ProfilePointResult(
+            model=spec, point=point, device=str(device), random_weights=source.random_weights,
+            error=error, memory_estimate_bytes=estimate(point).total_bytes, child_process=child,
+            measurement=measurement, generated_text=text,
+        )
         results[index] = row
         if on_point is not None:
             on_point(len(results) - 1, len(points), row)
@@ -263,7 +269,7 @@ def run_sweep(
             check_memory(f"model {spec} in {dtype}", estimate(smallest), free, weights_resident=False)
         except MemoryNeedError as exc:  # every point of this dtype fails with the same cause
             for index, point in group:
-                record(index, point, {}, _describe(exc), False)
+                record(index, point, None, _describe(exc), False)
             continue
         here = [(i, p) for i, p in group if estimate(p).total_bytes <= child_fraction * free]
         apart = [(i, p) for i, p in group if estimate(p).total_bytes > child_fraction * free]
@@ -274,20 +280,20 @@ def run_sweep(
                 _touch_weights(model, device)
             except Exception as exc:  # noqa: BLE001 - every in-process point of this dtype fails
                 for index, point in here:
-                    record(index, point, {}, _describe(exc), False)
+                    record(index, point, None, _describe(exc), False)
             else:
                 try:
                     for index, point in here:
                         try:
                             check_memory(point.label(show_steps), estimate(point), available(device),
                                          weights_resident=True)
-                            data = _profile_loaded(model, tokenizer, point, source.random_weights,
-                                                   repeats, warmup, device)
+                            ran = _profile_loaded(model, tokenizer, point, source.random_weights,
+                                                  repeats, warmup, device)
                         except Exception as exc:  # noqa: BLE001 - recorded; the sweep goes on
                             release()
-                            record(index, point, {}, _describe(exc), False)
+                            record(index, point, None, _describe(exc), False)
                             continue
-                        record(index, point, data, None, False)
+                        record(index, point, ran, None, False)
                 finally:
                     del model, tokenizer
                     release()
@@ -298,17 +304,18 @@ def run_sweep(
             try:
                 check_memory(point.label(show_steps), need, free_now, weights_resident=False)
             except MemoryNeedError as exc:
-                record(index, point, {}, _describe(exc), False)
+                record(index, point, None, _describe(exc), False)
                 continue
             message, exitcode = _run_in_child(
                 spec, point, device=device, num_layers=num_layers, repeats=repeats, warmup=warmup
             )
             if message is None:
-                record(index, point, {}, _death_cause(point.label(show_steps), exitcode, need, free_now), True)
+                cause = _death_cause(point.label(show_steps), exitcode, need, free_now)
+                record(index, point, None, cause, True)
             elif message[0] == "ok":
                 record(index, point, message[1], None, True)
             else:
-                record(index, point, {}, message[1], True)
+                record(index, point, None, message[1], True)
     return [results[i] for i in range(len(points))]
 
 

@@ -84,10 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         result = run_sweep(
             f"arch:{preset}", profile_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
             repeats=repeats, warmup=1, device=args.device, num_layers=layers,
-            on_point=lambda i, n, p: print(f"  {p['model']} N={p['prompt_tokens']} "
-                                           f"B={p['batch_size']} done", file=sys.stderr),
+            on_point=lambda i, n, p: print(f"  {p.model} {p.point.label()} done", file=sys.stderr),
         )
-        points += result
+        points += [r.to_dict() for r in result]  # the rows as --json and MLflow see them
 
     device = points[0]["device"] if points else args.device
     name = next((p["device_name"] for p in points if not p["failed"]), platform.processor())

@@ -3,7 +3,7 @@
 Paired, interleaved runs on one model and one prompt (A B A B ...; the order inside each pair
 alternates, so drift and a warm cache favour neither side):
 
-- A, profiled: ``tasks.profile.measure._one_run`` - prefill, then T decode steps each bracketed by the
+- A, profiled: ``tasks.profile.phases.one_run`` - prefill, then T decode steps each bracketed by the
   profiler's timer, KV bytes read from the cache; its tokens/s = B x T / (sum of its reported
   decode_ms), i.e. what the profiler reports.
 - B, bare: the same prefill and T ``decode_one_token`` + argmax steps with no timer inside the
@@ -29,26 +29,28 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tasks.profile import measure as profile  # noqa: E402
 from tasks.models import load_model  # noqa: E402
+from tasks.profile.measure import make_prompt_ids  # noqa: E402
+from tasks.profile.phases import decode_one_token, greedy, one_run, prefill  # noqa: E402
+from tasks.profile.timing import resolve_device, synchronize  # noqa: E402
 
 
 def bare_decode_tokens_per_s(model, input_ids, steps: int) -> float:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    token = profile.greedy(profile.prefill(model, input_ids, cache))
-    profile._synchronize(input_ids.device)
+    token = greedy(prefill(model, input_ids, cache))
+    synchronize(input_ids.device)
     start = time.perf_counter_ns()
     for _ in range(steps):
-        token = profile.greedy(profile.decode_one_token(model, token, cache))
-    profile._synchronize(input_ids.device)
+        token = greedy(decode_one_token(model, token, cache))
+    synchronize(input_ids.device)
     return input_ids.shape[0] * steps / ((time.perf_counter_ns() - start) / 1e9)
 
 
 def profiled_decode_tokens_per_s(model, input_ids, steps: int) -> float:
-    run = profile._one_run(model, input_ids, steps)
-    return input_ids.shape[0] * steps / (sum(run["decode_ms"]) / 1000)
+    run = one_run(model, input_ids, steps)
+    return input_ids.shape[0] * steps / (sum(run.decode_ms) / 1000)
 
 
 def generate_tokens_per_s(model, input_ids, steps: int) -> float:
@@ -57,7 +59,7 @@ def generate_tokens_per_s(model, input_ids, steps: int) -> float:
         input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
         max_new_tokens=steps + 1, min_new_tokens=steps + 1, pad_token_id=0,
     )
-    profile._synchronize(input_ids.device)
+    synchronize(input_ids.device)
     return input_ids.shape[0] * (steps + 1) / ((time.perf_counter_ns() - start) / 1e9)
 
 
@@ -73,9 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--generate", action="store_true", help="also time model.generate")
     args = parser.parse_args(argv)
 
-    device = profile.resolve_device(args.device)
+    device = resolve_device(args.device)
     model, tokenizer = load_model(args.model, args.dtype, str(device))
-    ids = profile.make_prompt_ids(tokenizer, args.prompt_length).to(device)
+    ids = make_prompt_ids(tokenizer, args.prompt_length).to(device)
     ids = ids.repeat(args.batch_size, 1)
     ratios, profiled, bare, generated = [], [], [], []
     with torch.inference_mode():

@@ -26,8 +26,11 @@ import pytest
 from tasks.stats import aggregate_level
 from tasks.stream import errors
 from tasks.stream.client import build_request, stream_chat
-from tasks.stream.load import make_client, run_level, run_levels
+from tasks.stream.levels import Level, run_levels
+from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RecordWriter, RequestRecord, read_jsonl, write_parquet
+from tasks.stream.settings import Connection, LevelSettings, level_settings
+from tasks.stream.timing import ChunkTiming, chunk_timing, tpot_ms
 
 try:
     from tests import groundtruth_server as gt
@@ -105,6 +108,28 @@ def test_schedule_ttft_itl_e2e_tpot(server: gt.GroundTruthServer, transport) -> 
     assert (r.request_id, r.level, r.max_concurrency, r.warmup) == ("req-schedule", 3, 2, False)
     assert r.input_tokens == 42
     assert isinstance(r.send_ns, int) and 0 < r.send_ns <= time.perf_counter_ns()
+
+
+def test_chunk_timing_real_values() -> None:
+    """The one timing function (tasks.stream.timing) on known stamps: TTFT to the first text
+    chunk, ITL between text chunks (ns stamps, not rounded offsets), E2E to the last one, TPOT
+    over the output tokens after the first, None without 2 tokens and 2 text chunks."""
+    send = 5_000_000_000
+    t = chunk_timing(send, [send + 100_000_000, send + 150_500_000, send + 300_000_000], 9)
+    assert t.token_offsets_ms == (100.0, 150.5, 300.0)
+    assert (t.ttft_ms, t.e2e_ms) == (100.0, 300.0)
+    assert t.itl_ms == (50.5, 149.5)
+    assert t.tpot_ms == 25.0  # (300 - 100) / (9 - 1): not the mean ITL (100)
+    assert chunk_timing(send, [send + 1, send + 3]).itl_ms == (2e-6,)
+    one_chunk = chunk_timing(send, [send + 40_000_000], 4)  # 4 tokens in one chunk
+    assert (one_chunk.ttft_ms, one_chunk.e2e_ms, one_chunk.itl_ms) == (40.0, 40.0, ())
+    assert one_chunk.tpot_ms is None  # the decode is invisible, not 0 ms
+    assert chunk_timing(send, [send + 1_000_000, send + 2_000_000], 1).tpot_ms is None
+    assert chunk_timing(send, [send + 1_000_000, send + 2_000_000]).tpot_ms is None  # no count
+    assert chunk_timing(send, []) == ChunkTiming(token_offsets_ms=(), ttft_ms=None, itl_ms=(),
+                                                 e2e_ms=None, tpot_ms=None)
+    assert tpot_ms(10.0, 70.0, 4, 2) == 20.0 and tpot_ms(10.0, 70.0, 4, 1) is None
+    assert tpot_ms(None, 70.0, 4, 2) is None and tpot_ms(10.0, 70.0, None, 3) is None
 
 
 def test_no_usage_falls_back_to_tokenizer(server: gt.GroundTruthServer) -> None:
@@ -320,9 +345,10 @@ def test_run_level_respects_max_concurrency(server: gt.GroundTruthServer) -> Non
         client = make_client(server.base_url, None, 10.0, concurrency)
         try:
             return await run_level(
-                client, model=model, prompts=["a", "b"], max_tokens=8,
-                max_concurrency=concurrency, num_requests=9, warmup=2, count_tokens=words,
-                level=1, on_record=seen.append, prompt_tokens=[3, 5])
+                client, LevelSettings(model=model, prompts=["a", "b"], max_tokens=8,
+                                      max_concurrency=concurrency, num_requests=9, warmup=2,
+                                      level=1, prompt_tokens=[3, 5]),
+                count_tokens=words, on_record=seen.append)
         finally:
             await client.close()
 
@@ -355,15 +381,33 @@ def test_run_levels_sync(server: gt.GroundTruthServer) -> None:
     server.reset()
     # "rendezvous:2" holds each request up to 1 s for a second one in flight: at concurrency 2
     # the slots overlap even when a loaded machine starts one late; at concurrency 1 they never can
-    results = run_levels(server.base_url, None, 10.0, [1, 2], model="rendezvous:2", prompts=["p"],
-                         max_tokens=8, num_requests=4, warmup=1, count_tokens=words,
-                         sampling={"temperature": 0.0})
+    base = LevelSettings(model="rendezvous:2", prompts=["p"], max_tokens=8, num_requests=4,
+                         warmup=1, sampling={"temperature": 0.0})
+    results = run_levels(Connection(server.base_url, None, 10.0), level_settings(base, [1, 2]),
+                         count_tokens=words)
     assert [(r.level, r.max_concurrency) for r in results] == [(0, 1), (1, 2)]
     assert [len(r.records) for r in results] == [5, 5]
     assert all(r.succeeded for res in results for r in res.records)
     assert all(r.max_concurrency == res.max_concurrency for res in results for r in res.records)
     assert server.stats()["max_in_flight"] == 2
     assert all(b["_authorization"] == "Bearer no-key" for b in server.stats()["requests"])
+
+
+def test_level_to_dict_is_the_stage_entry() -> None:
+    settings = LevelSettings(model="m", prompts=["p"], max_tokens=4, num_requests=1,
+                             max_concurrency=3, request_rate=2.5, level=1)
+    warm = RequestRecord("l1-w0", level=1, max_concurrency=3, request_rate=2.5, warmup=True)
+    measured = RequestRecord("l1-r0", level=1, max_concurrency=3, request_rate=2.5,
+                             ttft_ms=10.0, e2e_ms=10.0, output_tokens=1, token_offsets_ms=[10.0])
+    level = Level(settings, {"ttft_ms_p50": 10.0, "client_bound": 0}, (warm, measured), 0.5)
+    assert (level.level, level.max_concurrency, level.request_rate) == (1, 3, 2.5)
+    assert level.measured == [measured]
+    assert level.to_dict() == {
+        "max_concurrency": 3, "request_rate": 2.5,
+        "metrics": {"ttft_ms_p50": 10.0, "client_bound": 0},
+        "requests": [warm.to_json(), measured.to_json()],
+    }
+    assert list(level.to_dict()) == ["max_concurrency", "request_rate", "metrics", "requests"]
 
 
 # Records -----------------------------------------------------------------------------------------

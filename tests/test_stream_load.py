@@ -29,6 +29,7 @@ from tasks.config import StreamConfig
 from tasks.stats import percentile
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.load import arrival_offsets_s, level_grid, make_client, run_level
+from tasks.stream.settings import Connection, LevelSettings
 from tasks.stream.prompts import PromptsError, read_prompts_file, synthetic_prompts
 from tasks.stream.records import RecordWriter, read_jsonl
 
@@ -46,14 +47,16 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-def _level(server, model, concurrency, num_requests, *, prompts=None, **kwargs):
+def _level(server, model, concurrency, num_requests, *, prompts=None, on_record=None, **kwargs):
     async def main():
         client = make_client(server.base_url, None, 30.0, concurrency)
         try:
             return await run_level(
-                client, model=model, prompts=prompts or [f"p{i}" for i in range(num_requests)],
-                max_tokens=64, max_concurrency=concurrency, num_requests=num_requests, warmup=0,
-                count_tokens=None, level=0, **kwargs)
+                client, LevelSettings(
+                    model=model, prompts=prompts or [f"p{i}" for i in range(num_requests)],
+                    max_tokens=64, max_concurrency=concurrency, num_requests=num_requests,
+                    warmup=0, level=0, **kwargs),
+                count_tokens=None, on_record=on_record)
         finally:
             await client.close()
 
@@ -99,6 +102,29 @@ def test_arrival_offsets_poisson_and_gamma() -> None:
 def test_level_grid_is_the_cross_product() -> None:
     assert level_grid([1, 4], [2.0, None]) == [(1, 2.0), (1, None), (4, 2.0), (4, None)]
     assert level_grid([3]) == [(3, None)]
+
+
+def test_settings_from_config_one_typed_level_each() -> None:
+    """--max-concurrency reaches the level through one typed field, settings.max_concurrency."""
+    from tasks.endpoint import Endpoint
+    from tasks.stream.settings import settings_from_config
+
+    endpoint = Endpoint(base_url="http://h:1/v1", model="m", api_key_env="K",
+                        server_kind="openai-compatible", tokenizer="gguf:default")
+    cfg = StreamConfig(max_concurrency=[1, 4], request_rate=[2.0, None], seed=7, warmup=2,
+                       num_requests=5, output_len=12, temperature=0.5, burstiness=0.5,
+                       client_bound_tolerance_ms=3.0)
+    levels = settings_from_config(cfg, endpoint, ["a", "b"], [3, 4])
+    assert [(s.level, s.max_concurrency, s.request_rate, s.seed) for s in levels] == [
+        (0, 1, 2.0, 7), (1, 1, None, 8), (2, 4, 2.0, 9), (3, 4, None, 10)]
+    first = levels[0]
+    assert (first.model, first.prompts, first.prompt_tokens) == ("m", ("a", "b"), (3, 4))
+    assert (first.max_tokens, first.num_requests, first.warmup) == (12, 5, 2)
+    assert first.sampling == {"temperature": 0.5} and first.extra_body == {"ignore_eos": True}
+    assert first.ignore_eos and (first.burstiness, first.lag_tolerance_ms) == (0.5, 3.0)
+    assert first.api_key_env == "K"
+    plain = settings_from_config(StreamConfig(), endpoint, ["a"])[0]
+    assert plain.extra_body is None and not plain.ignore_eos and plain.max_tokens == 64
 
 
 def test_config_rates() -> None:
@@ -175,8 +201,10 @@ def test_client_bound_flag_agrees_with_the_measured_error(server) -> None:
         hogger = asyncio.ensure_future(hog()) if block else None
         try:
             return await run_level(
-                client, model="ticks:30:10", prompts=[f"p{i}" for i in range(4)], max_tokens=64,
-                max_concurrency=4, num_requests=4, warmup=0, count_tokens=None, level=0)
+                client, LevelSettings(model="ticks:30:10", prompts=[f"p{i}" for i in range(4)],
+                                      max_tokens=64, max_concurrency=4, num_requests=4, warmup=0,
+                                      level=0),
+                count_tokens=None)
         finally:
             stop.set()
             if hogger is not None:
@@ -232,10 +260,10 @@ def test_client_processes_merge_records_on_one_clock(server, tmp_path: Path) -> 
     journal = tmp_path / "requests.jsonl"
     with RecordWriter(journal) as writer:
         result = run_level_processes(
-            2, base_url=server.base_url, api_key=None, request_timeout_s=30.0,
-            model="ticks:10:10", prompts=[f"p{i}" for i in range(8)], max_tokens=16,
-            max_concurrency=4, num_requests=8, warmup=0, count_tokens=None, level=2,
-            on_record=writer.write)
+            2, Connection(server.base_url, None, 30.0),
+            LevelSettings(model="ticks:10:10", prompts=[f"p{i}" for i in range(8)], max_tokens=16,
+                          max_concurrency=4, num_requests=8, warmup=0, level=2),
+            count_tokens=None, on_record=writer.write)
     assert server.stats()["max_in_flight"] == 4
     assert sorted(r.request_id for r in result.measured) == [f"l2-r{i}" for i in range(8)]
     assert len(read_jsonl(journal)) == 8 and all(r.succeeded for r in result.measured)
@@ -246,16 +274,18 @@ def test_client_processes_merge_records_on_one_clock(server, tmp_path: Path) -> 
 
     words = lambda text: len(text.split())  # noqa: E731
     result = run_level_processes(
-        2, base_url=server.base_url, api_key=None, request_timeout_s=30.0, model="no_usage",
-        prompts=["a", "b", "c"], max_tokens=16, max_concurrency=2, num_requests=4, warmup=1,
-        count_tokens=words, level=0)
+        2, Connection(server.base_url, None, 30.0),
+        LevelSettings(model="no_usage", prompts=["a", "b", "c"], max_tokens=16, max_concurrency=2,
+                      num_requests=4, warmup=1, level=0),
+        count_tokens=words)
     assert [r.warmup for r in result.records] == [True] + [False] * 4
     assert all(r.output_tokens == 5 and r.output_tokens_source == "tokenizer" for r in result.records)
     assert all(r.tpot_ms is not None for r in result.records)
     with pytest.raises(ValueError, match="client_processes"):
-        run_level_processes(3, base_url=server.base_url, api_key=None, request_timeout_s=1.0,
-                            model="x", prompts=["a"], max_tokens=1, max_concurrency=2,
-                            num_requests=1, warmup=0, count_tokens=None, level=0)
+        run_level_processes(3, Connection(server.base_url, None, 1.0),
+                            LevelSettings(model="x", prompts=["a"], max_tokens=1, max_concurrency=2,
+                                          num_requests=1, warmup=0, level=0),
+                            count_tokens=None)
 
 
 # Prompts ------------------------------------------------------------------------------------------

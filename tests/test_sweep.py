@@ -10,7 +10,10 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import SweepFlowConfig
-from tasks.sweep import SweepPoint, distinct_n, grid, identical_fraction
+from tasks.stream.records import RequestRecord
+from tasks.sweep import (
+    PointOutcome, SweepPoint, distinct_n, finish_point, grid, identical_fraction, sweep_headline,
+)
 
 BIN = Path(sys.executable).parent / "infermeter"
 
@@ -34,6 +37,38 @@ def test_diversity_figures():
     assert distinct_n([[1, 2, 3], [1, 2, 4]], 1) == 4 / 6
     assert distinct_n([[1, 2, 3], [1, 2, 4]], 2) == 3 / 4
     assert distinct_n([[1]], 2) is None
+
+
+def test_point_outcome_to_dict_is_the_stage_entry():
+    point = SweepPoint.make(temperature=0.0, seed=3, max_tokens=4, extra_body={"min_p": 0.05})
+    records = [RequestRecord("a", output_text="x y", output_tokens=2, ttft_ms=5.0, e2e_ms=9.0),
+               RequestRecord("b", error_class="timeout", error_message="slow")]
+    result = finish_point(point, records, encode=lambda text: [ord(c) for c in text if c != " "])
+    failed = PointOutcome.measured(result, "k1", "run-1")
+    assert failed.to_dict() == {
+        "temperature": 0.0, "top_p": None, "top_k": None, "seed": 3, "max_tokens": 4,
+        "extra_body.min_p": 0.05, "point_key": "k1", "status": "failed", "error_class": "timeout",
+        "samples": [
+            {"sample": 0, "seed": 3, "output_text": "x y", "output_tokens": 2, "ttft_ms": 5.0,
+             "e2e_ms": 9.0, "error_class": None, "error_message": None},
+            {"sample": 1, "seed": 4, "output_text": "", "output_tokens": None, "ttft_ms": None,
+             "e2e_ms": None, "error_class": "timeout", "error_message": "slow"}],
+        "num_samples": 2, "num_samples_failed": 1, "identical_fraction": 1.0, "distinct_1": 1.0,
+        "distinct_2": 1.0, "output_tokens_mean": 2.0, "output_tokens_std": 0.0,
+        "ttft_ms_mean": 5.0, "e2e_ms_mean": 9.0, "determinism_violated": 0,
+        "mlflow_run_id": "run-1",
+    }
+    # a resumed point: figures read back from MLflow (floats), counts as ints, missing as None
+    skipped = PointOutcome.skipped(point, "k1", "run-0", {"num_samples": 2.0, "distinct_1": 0.5},
+                                   samples=[{"sample": 0}])
+    entry = skipped.to_dict()
+    assert (entry["status"], entry["error_class"], entry["mlflow_run_id"]) == ("skipped", None, "run-0")
+    assert entry["num_samples"] == 2 and isinstance(entry["num_samples"], int)
+    assert entry["distinct_1"] == 0.5 and entry["ttft_ms_mean"] is None
+    assert entry["samples"] == [{"sample": 0}]
+    assert sweep_headline([failed, skipped]) == {
+        "sweep_points": 2, "sweep_points_skipped": 1, "sweep_points_failed": 1,
+        "sweep_determinism_violations": 0}
 
 
 @pytest.mark.parametrize("flag,value,needle", [

@@ -1,20 +1,20 @@
 """One streamed chat request -> one :class:`RequestRecord`.
 
-Definitions (DESIGN.md "Metric definitions"; vLLM ``benchmarks/backend_request_func.py`` and
-SGLang ``bench_serving.py`` for TTFT / ITL / E2E, GenAI-Perf for the output-token count):
+Timing (TTFT, ITL, E2E, TPOT) follows DESIGN.md "Metric definitions" and is computed in one
+place, :func:`tasks.stream.timing.chunk_timing`, from the send time and the arrival times of the
+text-carrying chunks this module collects:
 
 - The clock is ``time.perf_counter_ns()`` read just before the request is sent.
-- ``ttft_ms``: to the first chunk whose delta carries text: ``content``, or a reasoning field
+- A text-carrying chunk is one whose delta carries ``content``, or a reasoning field
   (``reasoning_content`` / ``reasoning``, sent by vLLM, SGLang, llama.cpp, DeepSeek as extra
   fields, exposed by the openai client in ``delta.model_extra``). A role-only or empty chunk
   is not a token.
-- ``itl_ms``: the gaps between successive text-carrying chunks (text chunks - 1 entries).
-- ``e2e_ms``: to the last text-carrying chunk; ``stream_close_ms``: to the end of the stream
-  (a late usage-only chunk and ``[DONE]`` stretch only this one).
+- ``stream_close_ms``: to the end of the stream (a late usage-only chunk and ``[DONE]``
+  stretch only this one, never ``e2e_ms``).
 - ``output_tokens``: the final ``usage.completion_tokens`` when the server sends it (asked for
   with ``stream_options={"include_usage": True}``), else ``count_tokens(output_text)`` (the
-  caller's tokenizer, without special tokens). Never the chunk count, never ``max_tokens``.
-- ``tpot_ms``: ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` for at least 2 output tokens.
+  caller's tokenizer, without special tokens; GenAI-Perf counts the same way). Never the chunk
+  count, never ``max_tokens``.
 
 Inside the receive loop there is only a clock read, the text lookup and list appends: no
 logging, no tokenizing, no string joins.
@@ -40,11 +40,12 @@ import openai
 
 from tasks.stream.errors import EMPTY_RESPONSE, SERVER, StreamError, classify
 from tasks.stream.records import RequestRecord
+from tasks.stream.timing import chunk_timing, tpot_ms
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
 
-_NS_PER_MS = 1_000_000.0
+_NS_PER_MS = 1_000_000.0  # stream_close_ms only; the rest is tasks.stream.timing's
 
 
 def build_request(
@@ -339,20 +340,15 @@ def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int]
     """Count the output by the tokenizer when the server sent no usage, then set TPOT.
 
     ``output_tokens`` already set (from usage) is kept; otherwise, with text and a tokenizer,
-    ``count_tokens(output_text)`` with source ``tokenizer``. ``tpot_ms`` =
-    ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` for at least 2 tokens. Used after the stream
-    (never inside the receive loop) and by the parent of client processes.
+    ``count_tokens(output_text)`` with source ``tokenizer``. ``tpot_ms`` by
+    :func:`tasks.stream.timing.tpot_ms` (at least 2 tokens and 2 text chunks). Used after the
+    stream (never inside the receive loop) and by the parent of client processes.
     """
     if record.output_tokens is None and record.output_text and count_tokens is not None:
         record.output_tokens = int(count_tokens(record.output_text))
         record.output_tokens_source = "tokenizer"
-    if (
-        record.output_tokens is not None
-        and record.output_tokens >= 2
-        and record.ttft_ms is not None
-        and record.e2e_ms is not None
-    ):
-        record.tpot_ms = (record.e2e_ms - record.ttft_ms) / (record.output_tokens - 1)
+    record.tpot_ms = tpot_ms(
+        record.ttft_ms, record.e2e_ms, record.output_tokens, len(record.token_offsets_ms))
 
 
 def _record(
@@ -376,12 +372,9 @@ def _record(
         record.input_tokens = usage.get("prompt_tokens")
     if state["in_stream"]:
         record.stream_close_ms = (end_ns - send_ns) / _NS_PER_MS
-    if arrivals_ns:
-        offsets = [(t - send_ns) / _NS_PER_MS for t in arrivals_ns]
-        record.token_offsets_ms = offsets
-        record.ttft_ms = offsets[0]
-        record.e2e_ms = offsets[-1]
-        record.itl_ms = [(b - a) / _NS_PER_MS for a, b in zip(arrivals_ns, arrivals_ns[1:])]
+    timing = chunk_timing(send_ns, arrivals_ns)  # TPOT once the output count is known
+    record.token_offsets_ms, record.itl_ms = list(timing.token_offsets_ms), list(timing.itl_ms)
+    record.ttft_ms, record.e2e_ms = timing.ttft_ms, timing.e2e_ms
 
     completion_tokens = usage.get("completion_tokens") if usage is not None else None
     if completion_tokens is not None:

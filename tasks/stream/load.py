@@ -31,11 +31,15 @@ import openai
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.records import RequestRecord
+from tasks.stream.settings import Connection, LevelSettings, level_grid
+
+__all__ = ["LevelResult", "arrival_offsets_s", "connect", "level_grid", "make_client", "run_level"]
 
 
 @dataclass
 class LevelResult:
-    """The records of one level (warm-up included, flagged), its wall time in seconds, and the
+    """What running one level gave, before aggregation (``tasks.stream.levels.Level`` is the
+    finished level): its records (warm-up included, flagged), wall time in seconds, and the
     client's loop-lag figures (``LoopLagProbe.metrics``: ``client_loop_lag_ms_p99``,
     ``client_bound``, ...)."""
 
@@ -84,24 +88,10 @@ def _input_tokens(counts: Sequence[int | None] | None, index: int) -> int | None
 
 async def run_level(
     client: SSEClient | openai.AsyncOpenAI,
+    settings: LevelSettings,
     *,
-    model: str,
-    prompts: Sequence[str],
-    max_tokens: int,
-    max_concurrency: int,
-    num_requests: int,
-    warmup: int,
     count_tokens: Callable[[str], int] | None,
-    sampling: dict[str, Any] | None = None,
-    level: int,
     on_record: Callable[[RequestRecord], None] | None = None,
-    prompt_tokens: Sequence[int | None] | None = None,
-    extra_body: dict[str, Any] | None = None,
-    api_key_env: str | None = None,
-    request_rate: float | None = None,
-    burstiness: float = 1.0,
-    seed: int = 0,
-    lag_tolerance_ms: float = 1.0,
     on_measure_start: Callable[[], None] | None = None,
     share: tuple[int, int] = (0, 1),
     start_at: float | None = None,
@@ -109,18 +99,10 @@ async def run_level(
     """Run one load level against ``client`` and return its records and wall time.
 
     Args:
-        prompts: used round-robin: warm-up from the first prompt on, measured requests after
-            the warm-up ones (so a server's prefix cache does not hand the first measured
-            request the warm-up's prompt).
-        max_concurrency: most measured requests in flight at once (>= 1).
-        num_requests: measured requests; warmup: sequential warm-up requests before them.
+        settings: the level (:class:`tasks.stream.settings.LevelSettings`); at most
+            ``settings.max_concurrency`` measured requests are in flight (the semaphore).
         count_tokens: the output-token fallback when the server sends no usage.
         on_record: called with every finished record (warm-up too), e.g. a ``RecordWriter``.
-        prompt_tokens: optional token count of each prompt (parallel to ``prompts``), stored
-            as ``input_tokens``.
-        extra_body, api_key_env: passed to :func:`tasks.stream.client.stream_chat`.
-        request_rate, burstiness, seed: the arrivals (:func:`arrival_offsets_s`); None = inf.
-        lag_tolerance_ms: the client-bound threshold on the loop lag's p99.
         on_measure_start: called after the warm-up, just before the first measured request
             (e.g. a scrape of the server's /metrics); it may block, nothing is in flight.
         share, start_at: for one of several client processes (``tasks.stream.multiproc``):
@@ -133,44 +115,45 @@ async def run_level(
     Raises:
         ValueError: max_concurrency < 1, no prompts, or a rate / burstiness not > 0.
     """
-    if max_concurrency < 1:
+    s = settings
+    if s.max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1")
-    if not prompts:
+    if not s.prompts:
         raise ValueError("prompts must not be empty")
-    offsets = arrival_offsets_s(num_requests, request_rate, burstiness, seed)
-    mine = range(share[0], num_requests, share[1])
-    result = LevelResult(level=level, max_concurrency=max_concurrency, request_rate=request_rate)
+    offsets = arrival_offsets_s(s.num_requests, s.request_rate, s.burstiness, s.seed)
+    mine = range(share[0], s.num_requests, share[1])
+    result = LevelResult(level=s.level, max_concurrency=s.max_concurrency, request_rate=s.request_rate)
     common = {
-        "model": model,
-        "max_tokens": max_tokens,
+        "model": s.model,
+        "max_tokens": s.max_tokens,
         "count_tokens": count_tokens,
-        "sampling": sampling,
-        "level": level,
-        "max_concurrency": max_concurrency,
-        "extra_body": extra_body,
-        "api_key_env": api_key_env,
+        "sampling": s.sampling,
+        "level": s.level,
+        "max_concurrency": s.max_concurrency,
+        "extra_body": s.extra_body,
+        "api_key_env": s.api_key_env,
     }
 
     def keep(record: RequestRecord) -> RequestRecord:
-        record.request_rate = request_rate
+        record.request_rate = s.request_rate
         if on_record is not None:
             on_record(record)
         return record
 
-    for i in range(warmup):
+    for i in range(s.warmup):
         record = await stream_chat(
             client,
-            prompt=prompts[i % len(prompts)],
-            request_id=f"l{level}-w{i}",
+            prompt=s.prompts[i % len(s.prompts)],
+            request_id=f"l{s.level}-w{i}",
             warmup=True,
-            input_tokens=_input_tokens(prompt_tokens, i),
+            input_tokens=_input_tokens(s.prompt_tokens, i),
             **common,
         )
         result.records.append(keep(record))
 
     if on_measure_start is not None:
         on_measure_start()
-    gate = asyncio.Semaphore(max_concurrency)
+    gate = asyncio.Semaphore(s.max_concurrency)
     done_ns: list[int] = []
     measured: list[RequestRecord] = []
 
@@ -178,9 +161,9 @@ async def run_level(
         async with gate:
             record = await stream_chat(
                 client,
-                prompt=prompts[(warmup + i) % len(prompts)],
-                request_id=f"l{level}-r{i}",
-                input_tokens=_input_tokens(prompt_tokens, warmup + i),
+                prompt=s.prompts[(s.warmup + i) % len(s.prompts)],
+                request_id=f"l{s.level}-r{i}",
+                input_tokens=_input_tokens(s.prompt_tokens, s.warmup + i),
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
@@ -198,7 +181,7 @@ async def run_level(
     arrivals_ns = sorted(
         r.send_ns + round(offset * 1e6) for r in measured for offset in r.token_offsets_ms
     )
-    result.client = probe.metrics(lag_tolerance_ms, arrivals_ns)
+    result.client = probe.metrics(s.lag_tolerance_ms, arrivals_ns)
     result.records.extend(sorted(measured, key=lambda r: r.send_ns))
     if measured:
         first_send_ns = min(r.send_ns for r in measured)
@@ -243,39 +226,7 @@ def make_client(
     )
 
 
-def run_levels(
-    base_url: str,
-    api_key: str | None,
-    request_timeout_s: float,
-    concurrencies: Sequence[int],
-    request_rates: Sequence[float | None] = (None,),
-    **level: Any,
-) -> list[LevelResult]:
-    """Run one level per (concurrency, rate) of :func:`level_grid`, in order, over one client.
-
-    ``level``: the keyword arguments of :func:`run_level` other than ``max_concurrency``,
-    ``request_rate`` and ``level`` (set per level). Synchronous: runs its own event loop
-    (``asyncio.run``), so call it from a thread without a running loop. Each level sends its
-    own warm-up requests.
-    """
-
-    async def main() -> list[LevelResult]:
-        client = make_client(base_url, api_key, request_timeout_s, max(concurrencies, default=1))
-        try:
-            return [
-                await run_level(client, **level, max_concurrency=concurrency, request_rate=rate,
-                                level=index)
-                for index, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates))
-            ]
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
-
-
-def level_grid(
-    concurrencies: Sequence[int], request_rates: Sequence[float | None] = (None,)
-) -> list[tuple[int, float | None]]:
-    """The levels: the cross product concurrency x rate, concurrency-major
-    (``[1, 4] x [2, None]`` -> ``(1, 2), (1, None), (4, 2), (4, None)``)."""
-    return [(c, r) for c in concurrencies for r in (request_rates or [None])]
+def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.AsyncOpenAI:
+    """:func:`make_client` for a :class:`tasks.stream.settings.Connection`."""
+    return make_client(connection.base_url, connection.api_key, connection.request_timeout_s,
+                       max_concurrency, connection.transport)

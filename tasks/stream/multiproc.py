@@ -23,11 +23,14 @@ import asyncio
 import multiprocessing as mp
 import queue
 import time
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from tasks.stream.client import fill_output_tokens
-from tasks.stream.load import LevelResult, make_client, run_level
+from tasks.stream.load import LevelResult, connect, run_level
 from tasks.stream.records import RequestRecord
+from tasks.stream.settings import Connection, LevelSettings
 
 #: Seconds a process may take to start (spawn + imports) before the level fails.
 START_TIMEOUT_S = 120.0
@@ -37,17 +40,16 @@ def _share_of(concurrency: int, processes: int, k: int) -> int:
     return concurrency // processes + (1 if k < concurrency % processes else 0)
 
 
-def _child(k: int, processes: int, params: dict[str, Any], out: Any, go: Any, start_at: Any) -> None:
+def _child(k: int, processes: int, connection: Connection, settings: LevelSettings, out: Any,
+           go: Any, start_at: Any) -> None:
     """A client process: report ready, wait for the start instant, run its share."""
 
     async def main() -> LevelResult:
-        client = make_client(params["base_url"], params["api_key"], params["request_timeout_s"],
-                             params["max_concurrency"], params["transport"])
+        client = connect(connection, settings.max_concurrency)
         try:
             return await run_level(
-                client, **params["level"], max_concurrency=params["max_concurrency"],
-                warmup=0, count_tokens=None, share=(k, processes), start_at=start_at.value,
-                on_record=lambda r: out.put(("record", r.to_json())),
+                client, settings, count_tokens=None, share=(k, processes),
+                start_at=start_at.value, on_record=lambda r: out.put(("record", r.to_json())),
             )
         finally:
             await client.close()
@@ -61,34 +63,34 @@ def _child(k: int, processes: int, params: dict[str, Any], out: Any, go: Any, st
         out.put(("failed", f"client process {k}: {type(exc).__name__}: {exc}"))
 
 
+def _rotated(values: tuple, turn: int) -> tuple:
+    """``values`` starting at index ``turn % len`` (the measured requests continue the
+    round-robin after the warm-up's, as ``run_level`` does in one process)."""
+    t = turn % len(values)
+    return values[t:] + values[:t]
+
+
 def run_level_processes(
     processes: int,
+    connection: Connection,
+    settings: LevelSettings,
     *,
-    base_url: str,
-    api_key: str | None,
-    request_timeout_s: float,
-    transport: str = "aiohttp",
-    **level_args: Any,
+    count_tokens: Callable[[str], int] | None,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    on_measure_start: Callable[[], None] | None = None,
 ) -> LevelResult:
     """Run one level over ``processes`` client processes (see the module docstring).
 
-    Synchronous (call it without a running event loop). ``level_args``: the keyword arguments of
-    :func:`tasks.stream.load.run_level`; records are the same, request ids too.
+    Synchronous (call it without a running event loop). The callbacks are those of
+    :func:`tasks.stream.load.run_level`, called in this (the parent) process; records are the
+    same as in one process, request ids too.
 
     Raises:
         ValueError: processes < 1 or more processes than max_concurrency.
         RuntimeError: a process failed or did not start in time (records received before
             are kept: they already went to ``on_record``).
     """
-    # what the parent handles itself; the rest (model, sampling, rate, seed ...) every process
-    # and the warm-up run with unchanged
-    max_concurrency, num_requests = level_args.pop("max_concurrency"), level_args.pop("num_requests")
-    warmup, prompts = level_args.pop("warmup"), level_args.pop("prompts")
-    prompt_tokens = level_args.pop("prompt_tokens", None)
-    count_tokens = level_args.pop("count_tokens")
-    on_record = level_args.pop("on_record", None)
-    on_measure_start = level_args.pop("on_measure_start", None)
-    if not 1 <= processes <= max_concurrency:
+    if not 1 <= processes <= settings.max_concurrency:
         raise ValueError("client_processes must lie between 1 and the level's max_concurrency")
 
     def keep(record: RequestRecord) -> None:
@@ -97,34 +99,29 @@ def run_level_processes(
             on_record(record)
 
     async def warm() -> LevelResult:
-        client = make_client(base_url, api_key, request_timeout_s, 1, transport)
+        client = connect(connection, 1)
         try:
-            return await run_level(client, prompts=prompts, max_concurrency=1, num_requests=0,
-                                   warmup=warmup, count_tokens=count_tokens, on_record=on_record,
-                                   prompt_tokens=prompt_tokens, **level_args)
+            return await run_level(client, replace(settings, max_concurrency=1, num_requests=0),
+                                   count_tokens=count_tokens, on_record=on_record)
         finally:
             await client.close()
 
-    result = asyncio.run(warm()) if warmup else LevelResult(
-        level_args["level"], max_concurrency, level_args.get("request_rate"))
-    result.max_concurrency = max_concurrency
-    # The measured requests continue the prompts after the warm-up's (as run_level does).
-    turn = warmup % len(prompts)
-    shifted_tokens = None
-    if prompt_tokens:
-        t = warmup % len(prompt_tokens)
-        shifted_tokens = list(prompt_tokens[t:]) + list(prompt_tokens[:t])
+    result = asyncio.run(warm()) if settings.warmup else LevelResult(
+        settings.level, settings.max_concurrency, settings.request_rate)
+    result.max_concurrency = settings.max_concurrency
+    # Each process: its share of the concurrency, no warm-up (done above), the prompts (and
+    # their counts) continuing after the warm-up's.
+    counts = settings.prompt_tokens
+    share = replace(
+        settings, warmup=0, prompts=_rotated(settings.prompts, settings.warmup),
+        prompt_tokens=_rotated(counts, settings.warmup) if counts else None,
+    )
     ctx = mp.get_context("spawn")
     out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     children = []
     for k in range(processes):
-        params = {
-            "base_url": base_url, "api_key": api_key, "request_timeout_s": request_timeout_s,
-            "transport": transport, "max_concurrency": _share_of(max_concurrency, processes, k),
-            "level": {**level_args, "prompts": list(prompts[turn:]) + list(prompts[:turn]),
-                      "prompt_tokens": shifted_tokens, "num_requests": num_requests},
-        }
-        child = ctx.Process(target=_child, args=(k, processes, params, out, go, start_at),
+        mine = replace(share, max_concurrency=_share_of(settings.max_concurrency, processes, k))
+        child = ctx.Process(target=_child, args=(k, processes, connection, mine, out, go, start_at),
                             name=f"infermeter-client-{k}", daemon=True)
         child.start()
         children.append(child)

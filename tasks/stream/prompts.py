@@ -14,7 +14,10 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import StreamConfig
 
 
 class PromptsError(ValueError):
@@ -107,3 +110,12 @@ def synthetic_prompts(
         texts.append(text)
         counts.append(len(_encode(tokenizer, text)))
     return texts, counts
+
+
+def stage_prompts(cfg: StreamConfig, tokenizer: Any) -> tuple[list[str], list[int] | None]:
+    """The stream stage's prompts and their token counts: synthetic (``cfg.input_len``, one per
+    warm-up and measured request, from ``cfg.seed``) or the configured ones (counts left to the
+    server's usage)."""
+    if cfg.input_len:
+        return synthetic_prompts(tokenizer, cfg.input_len, cfg.num_requests + cfg.warmup, cfg.seed)
+    return list(cfg.prompts), None

@@ -40,7 +40,8 @@ class RequestRecord:
         input_tokens: prompt tokens (the caller's count, else the server's ``usage``).
         ttft_ms: to the first chunk carrying text (content or reasoning); None if none came.
         itl_ms: gaps between successive text-carrying chunks (text chunks - 1 entries).
-        tpot_ms: ``(e2e_ms - ttft_ms) / (output_tokens - 1)``; None below 2 output tokens.
+        tpot_ms: ``(e2e_ms - ttft_ms) / (output_tokens - 1)``; None below 2 output tokens or
+            2 text chunks (``tasks.stream.timing.tpot_ms``).
         e2e_ms: to the last text-carrying chunk.
         stream_close_ms: to the end of the stream (after a late usage chunk / ``[DONE]``), or
             to the failure for a failed request.

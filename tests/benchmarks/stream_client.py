@@ -36,6 +36,7 @@ import groundtruth_server as gt  # noqa: E402
 from tasks.stats import percentile  # noqa: E402
 from tasks.stream.load import make_client, run_level  # noqa: E402
 from tasks.stream.multiproc import run_level_processes  # noqa: E402
+from tasks.stream.settings import Connection, LevelSettings  # noqa: E402
 
 
 def _cpu_s() -> float:
@@ -47,15 +48,13 @@ def _cpu_s() -> float:
 def run(server: gt.GroundTruthServer, transport: str, streams: int, chunks: int, gap_ms: float,
         processes: int = 1):
     model = f"ticks:{chunks}:{gap_ms:g}"
-    prompts = [f"p{i}" for i in range(streams)]
+    settings = LevelSettings(model=model, prompts=[f"p{i}" for i in range(streams)],
+                             max_tokens=chunks, max_concurrency=streams, num_requests=streams)
 
     async def main():
         client = make_client(server.base_url, None, 60.0, streams, transport)
         try:
-            return await run_level(
-                client, model=model, prompts=prompts,
-                max_tokens=chunks, max_concurrency=streams, num_requests=streams, warmup=0,
-                count_tokens=None, level=0)
+            return await run_level(client, settings, count_tokens=None)
         finally:
             await client.close()
 
@@ -63,9 +62,8 @@ def run(server: gt.GroundTruthServer, transport: str, streams: int, chunks: int,
     cpu0 = _cpu_s()
     if processes > 1 and streams >= processes:
         result = run_level_processes(
-            processes, base_url=server.base_url, api_key=None, request_timeout_s=60.0,
-            model=model, prompts=prompts, max_tokens=chunks, max_concurrency=streams,
-            num_requests=streams, warmup=0, count_tokens=None, level=0, transport=transport)
+            processes, Connection(server.base_url, None, 60.0, transport), settings,
+            count_tokens=None)
     else:
         result = asyncio.run(main())
     cpu_s = _cpu_s() - cpu0

@@ -1,0 +1,190 @@
+"""The level loop of the stream stage: run each level, aggregate it, check it, say what is off.
+
+Per level (:func:`run_levels`): the server's Prometheus ``/metrics`` is scraped after the
+warm-up and after the measured requests (``tasks.stream.prometheus``; skipped when the server
+has none), the level runs in this process or over client processes
+(``StreamConfig.client_processes``, at most the level's concurrency), its records are
+aggregated (``tasks.stats.aggregate_level``) beside the client's loop-lag figures, the server's
+own view and the client/server cross-check, and the short outputs are counted. Three warnings
+go to the logger passed in: the client and the server disagree on TTFT/E2E, ``ignore_eos`` was
+sent but outputs came back short, and the level is client-bound.
+
+A finished level is a :class:`Level` (settings, metrics, records); ``to_dict()`` is the
+stage's JSON entry. Tracking (child runs, plots) is the caller's, through ``on_level``.
+
+Imports neither prefect nor mlflow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tasks import stats
+from tasks.stream import prometheus
+from tasks.stream.load import LevelResult, connect, run_level
+from tasks.stream.multiproc import run_level_processes
+from tasks.stream.records import RequestRecord
+from tasks.stream.settings import Connection, LevelSettings
+
+_LOG = logging.getLogger("infermeter.stream")
+
+
+@dataclass(frozen=True)
+class Level:
+    """One finished load level.
+
+    Attributes:
+        settings: what it ran (:class:`tasks.stream.settings.LevelSettings`).
+        metrics: flat figures: ``tasks.stats.aggregate_level``'s (``ttft_ms_p50`` ...), the
+            client's loop lag (``client_loop_lag_ms_p99``, ``client_bound``, and
+            ``client_processes`` over several processes), the server's ``server_*`` view and
+            cross-check where it has ``/metrics``, and ``num_short_outputs``.
+        records: every request, warm-up first (flagged), then the measured ones by send time.
+        wall_s: first measured send to last measured completion (s).
+    """
+
+    settings: LevelSettings
+    metrics: dict[str, Any]
+    records: tuple[RequestRecord, ...]
+    wall_s: float
+
+    @property
+    def level(self) -> int:
+        return self.settings.level
+
+    @property
+    def max_concurrency(self) -> int:
+        return self.settings.max_concurrency
+
+    @property
+    def request_rate(self) -> float | None:
+        return self.settings.request_rate
+
+    @property
+    def measured(self) -> list[RequestRecord]:
+        """The non-warm-up records."""
+        return [r for r in self.records if not r.warmup]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The stage's JSON entry: ``{"max_concurrency", "request_rate" (None = inf),
+        "metrics", "requests" (``RequestRecord.to_json`` each)}``."""
+        return {
+            "max_concurrency": self.max_concurrency, "request_rate": self.request_rate,
+            "metrics": self.metrics, "requests": [r.to_json() for r in self.records],
+        }
+
+
+def run_levels(
+    connection: Connection,
+    levels: Sequence[LevelSettings],
+    *,
+    count_tokens: Callable[[str], int] | None,
+    goodput: Mapping[str, float] | None = None,
+    client_processes: int = 1,
+    on_record: Callable[[RequestRecord], None] | None = None,
+    on_level: Callable[[Level], None] | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> list[Level]:
+    """Run the levels in order (module docstring) and return them finished.
+
+    Args:
+        connection: where the requests go (its key also reads ``/metrics``).
+        levels: one settings per level (``tasks.stream.settings.settings_from_config`` or
+            ``level_settings``); each level sends its own warm-up requests.
+        count_tokens: the output-token fallback when the server sends no usage.
+        goodput: SLOs for the goodput figures (``tasks.stats.meets_slos``), e.g.
+            ``{"ttft_ms": 500}``.
+        client_processes: client processes per level, capped at each level's concurrency.
+        on_record: every finished record, as it finishes (the crash-safe journal).
+        on_level: every finished level, before the next starts (child runs, plots).
+        logger: where the warnings go (default ``infermeter.stream``).
+
+    Synchronous: each level runs its own event loop (``asyncio.run``) or its own processes, so
+    call it from a thread without a running loop.
+    """
+    logger = logger or _LOG
+    done: list[Level] = []
+    for settings in levels:
+        level = _run_one(connection, settings, count_tokens, goodput, client_processes,
+                         on_record, logger)
+        done.append(level)
+        if on_level is not None:
+            on_level(level)
+    return done
+
+
+def _run_one(
+    connection: Connection, settings: LevelSettings, count_tokens: Callable[[str], int] | None,
+    goodput: Mapping[str, float] | None, client_processes: int,
+    on_record: Callable[[RequestRecord], None] | None,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> Level:
+    """One level of :func:`run_levels`: scrape, run, scrape, aggregate and check."""
+    scrapes: dict[str, dict[str, float] | None] = {}
+
+    def scrape_before() -> None:  # after the warm-up, nothing in flight
+        scrapes["before"] = prometheus.scrape(connection.base_url, connection.api_key)
+
+    processes = min(client_processes, settings.max_concurrency)
+    if processes > 1:
+        result = run_level_processes(
+            processes, connection, settings, count_tokens=count_tokens, on_record=on_record,
+            on_measure_start=scrape_before)
+    else:
+        result = asyncio.run(_one_loop(connection, settings, count_tokens, on_record, scrape_before))
+    before = scrapes.get("before")
+    after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
+    metrics = _level_metrics(result, before, after, settings, goodput, logger)
+    return Level(settings, metrics, tuple(result.records), result.wall_s)
+
+
+async def _one_loop(
+    connection: Connection, settings: LevelSettings,
+    count_tokens: Callable[[str], int] | None,
+    on_record: Callable[[RequestRecord], None] | None, on_measure_start: Callable[[], None],
+) -> LevelResult:
+    client = connect(connection, settings.max_concurrency)
+    try:
+        return await run_level(client, settings, count_tokens=count_tokens, on_record=on_record,
+                               on_measure_start=on_measure_start)
+    finally:
+        await client.close()
+
+
+def _level_metrics(
+    result: LevelResult, before: dict[str, float] | None, after: dict[str, float] | None,
+    settings: LevelSettings, goodput: Mapping[str, float] | None,
+    logger: logging.Logger | logging.LoggerAdapter,
+) -> dict[str, Any]:
+    """The level's figures (:class:`Level`'s ``metrics``), warning on what is off."""
+    index = settings.level
+    metrics = stats.aggregate_level(result.records, result.wall_s, goodput)
+    metrics.update(result.client)
+    metrics.update(prometheus.level_view(before, after))
+    metrics.update(prometheus.cross_check(metrics))
+    if metrics.get("server_client_disagree"):
+        logger.warning(
+            "level %d: the client's TTFT/E2E means differ from the server's own "
+            "(/metrics) by more than network and queue explain: TTFT client - server "
+            "= %s ms, E2E %s ms", index, metrics.get("ttft_ms_mean_client_minus_server"),
+            metrics.get("e2e_ms_mean_client_minus_server"),
+        )
+    short = stats.count_short_outputs(result.measured, settings.max_tokens)
+    metrics["num_short_outputs"] = short
+    if short and settings.ignore_eos:
+        logger.warning(
+            "level %d: %d of %d requests returned fewer than %d output tokens "
+            "although ignore_eos was sent (the server may not take it)",
+            index, short, len(result.measured), settings.max_tokens,
+        )
+    if metrics.get("client_bound"):
+        logger.warning(
+            "level %d is client-bound: the client's event-loop lag p99 is %.2f ms "
+            "(> %.2f ms); its latencies describe the client, not the server",
+            index, metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms,
+        )
+    return metrics

@@ -1,0 +1,140 @@
+"""What one load level needs, typed: :class:`LevelSettings` (the requests and their arrivals)
+and :class:`Connection` (where they go), built once per level from the stage's config.
+
+``--max-concurrency`` reaches the level's ``asyncio.Semaphore`` through one field: the CLI /
+YAML fill ``StreamConfig.max_concurrency`` (a list), :func:`settings_from_config` makes one
+:class:`LevelSettings` per level with its ``max_concurrency``, and
+:func:`tasks.stream.load.run_level` opens ``asyncio.Semaphore(settings.max_concurrency)``.
+
+Imports only the standard library (the config and endpoint types are read by attribute).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from tasks.config import StreamConfig
+    from tasks.endpoint import Endpoint
+
+
+@dataclass(frozen=True)
+class LevelSettings:
+    """One load level (vLLM ``benchmark_serving.py``: ``--max-concurrency`` x ``--request-rate``).
+
+    Attributes:
+        model: the model name sent in each request.
+        prompts: used round-robin: warm-up from the first prompt on, measured requests after
+            the warm-up ones (so a server's prefix cache does not hand the first measured
+            request the warm-up's prompt).
+        max_tokens: ``max_completion_tokens`` (and ``max_tokens``) of each request.
+        num_requests: measured requests; warmup: sequential warm-up requests before them.
+        max_concurrency: most measured requests in flight at once (>= 1).
+        level: the level's index (request ids ``l{level}-w{i}`` / ``l{level}-r{i}``).
+        prompt_tokens: optional token count of each prompt (parallel to ``prompts``), stored
+            as ``input_tokens``; None leaves it to the server's usage.
+        request_rate: arrivals in requests/s (None = inf: all at once, a closed loop);
+            burstiness: gamma shape of the inter-arrival times (1 = Poisson); seed: of the
+            arrivals (``tasks.stream.load.arrival_offsets_s``).
+        sampling: sampling keys sent with each request (``temperature`` ...).
+        extra_body: extra request-body fields (``{"ignore_eos": True}``), or None.
+        api_key_env: the NAME of the key's variable, for the message of a 401/403.
+        lag_tolerance_ms: the client-bound threshold on the event-loop lag's p99 (ms).
+
+    ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
+    them as read-only.
+    """
+
+    model: str
+    prompts: tuple[str, ...]
+    max_tokens: int
+    num_requests: int
+    max_concurrency: int = 1
+    warmup: int = 0
+    level: int = 0
+    prompt_tokens: tuple[int | None, ...] | None = None
+    request_rate: float | None = None
+    burstiness: float = 1.0
+    seed: int = 0
+    sampling: dict[str, Any] | None = None
+    extra_body: dict[str, Any] | None = None
+    api_key_env: str | None = None
+    lag_tolerance_ms: float = 1.0
+
+    def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
+        object.__setattr__(self, "prompts", tuple(self.prompts))
+        if self.prompt_tokens is not None:
+            object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
+
+    @property
+    def ignore_eos(self) -> bool:
+        """``ignore_eos`` is sent: a short output then means the server did not take it."""
+        return bool((self.extra_body or {}).get("ignore_eos"))
+
+
+@dataclass(frozen=True)
+class Connection:
+    """Where a level's requests go: the endpoint's base_url, the key itself (never logged), the
+    per-read timeout in seconds, and the transport (``tasks.stream.load.make_client``)."""
+
+    base_url: str
+    api_key: str | None = None
+    request_timeout_s: float = 120.0
+    transport: str = "aiohttp"
+
+    @classmethod
+    def of(cls, endpoint: Endpoint) -> Connection:
+        """The endpoint's connection, its key read from the named variable.
+
+        Raises:
+            EndpointError: the endpoint's api_key_env names an unset variable.
+        """
+        return cls(endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s)
+
+
+def level_grid(
+    concurrencies: Sequence[int], request_rates: Sequence[float | None] = (None,)
+) -> list[tuple[int, float | None]]:
+    """The levels: the cross product concurrency x rate, concurrency-major
+    (``[1, 4] x [2, None]`` -> ``(1, 2), (1, None), (4, 2), (4, None)``)."""
+    return [(c, r) for c in concurrencies for r in (request_rates or [None])]
+
+
+def level_settings(
+    base: LevelSettings,
+    concurrencies: Sequence[int],
+    request_rates: Sequence[float | None] = (None,),
+) -> list[LevelSettings]:
+    """One settings per level of :func:`level_grid` (concurrency-major):
+    level ``i`` gets ``level=i``, its concurrency and rate, and seed ``base.seed + i`` (each
+    level draws its own arrivals)."""
+    return [
+        replace(base, level=index, max_concurrency=concurrency, request_rate=rate,
+                seed=base.seed + index)
+        for index, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates))
+    ]
+
+
+def settings_from_config(
+    cfg: StreamConfig,
+    endpoint: Endpoint,
+    prompts: Sequence[str],
+    prompt_tokens: Sequence[int | None] | None = None,
+) -> list[LevelSettings]:
+    """The stream stage's levels: ``cfg.max_concurrency`` x ``cfg.request_rate``.
+
+    ``max_tokens`` is ``cfg.output_len`` when set (then ``ignore_eos`` is sent, as with
+    ``cfg.ignore_eos``), else ``cfg.max_tokens``; sampling is ``cfg.temperature``; the prompts
+    (and their token counts, for synthetic ones) come from ``tasks.stream.prompts``.
+    """
+    base = LevelSettings(
+        model=endpoint.model, prompts=tuple(prompts), max_tokens=cfg.output_len or cfg.max_tokens,
+        num_requests=cfg.num_requests, warmup=cfg.warmup,
+        prompt_tokens=None if prompt_tokens is None else tuple(prompt_tokens),
+        burstiness=cfg.burstiness, seed=cfg.seed, sampling={"temperature": cfg.temperature},
+        extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len) else None,
+        api_key_env=endpoint.api_key_env, lag_tolerance_ms=cfg.client_bound_tolerance_ms,
+    )
+    return level_settings(base, cfg.max_concurrency, cfg.request_rate)

@@ -14,77 +14,70 @@ import traceback
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 
-from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
-from tasks.report import summary as report
-from tasks.report.baseline import judge
+from flows.runs import parent_run
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
-from tasks.tracking import TrackingTarget
+from tasks.report import summary as report
+from tasks.report.baseline import judge
 
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:
     """The audit's body; returns the result dict (with ``errors`` per failed stage)."""
     logger = get_run_logger()
-    target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tags = run_tags("audit", {"model": config.profile.model,
-                              "endpoint": config.endpoint.base_url or "embedded"})
-    tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), tags)
-    workdir = new_workdir("audit")
-    logger.info("MLflow run %s; records in %s", parent or "(not tracked)", workdir)
+    tags = {"model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded"}
+    with parent_run("audit", config.name, config.model_dump(mode="json"), config.tracking, track,
+                    tags, artifact_key="audit-summary") as run:
+        stages: dict[str, dict] = {}
+        errors: dict[str, str] = {}
 
-    stages: dict[str, dict] = {}
-    errors: dict[str, str] = {}
+        def attempt(name: str, call) -> None:
+            try:
+                stages[name] = call()
+            except Exception as exc:  # one failed stage must not lose the others' measurements
+                errors[name] = f"{type(exc).__name__}: {exc}"
+                logger.error("stage %s failed: %s", name, errors[name])
 
-    def attempt(name: str, call) -> None:
-        try:
-            stages[name] = call()
-        except Exception as exc:  # one failed stage must not lose the others' measurements
-            errors[name] = f"{type(exc).__name__}: {exc}"
-            logger.error("stage %s failed: %s", name, errors[name])
+        common = run.stage_args()
+        if config.tokenize.enabled:
+            attempt("tokenize", lambda: tokenize_stage(config.tokenize, config.profile.model, **common))
+        if config.profile.enabled:
+            attempt("profile", lambda: profile_stage(config.profile, **common))
+        endpoint_kind = None
+        if config.stream.enabled or config.sweep.enabled:
+            try:
+                with open_endpoint(config.endpoint, config.server) as endpoint:
+                    endpoint_kind = endpoint.server_kind
+                    run.set_tags(endpoint.identity())
+                    if config.stream.enabled:
+                        attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
+                    if config.sweep.enabled:
+                        attempt("sweep", lambda: sweep_stage(config.sweep, endpoint, **common))
+            except Exception as exc:
+                errors["endpoint"] = f"{type(exc).__name__}: {exc}"
+                logger.error("endpoint failed: %s", errors["endpoint"])
+                run.tracker.log_text(run.run_id, traceback.format_exc(), "error.txt")
 
-    common = dict(target=target, parent_run_id=parent, workdir=str(workdir))
-    if config.tokenize.enabled:
-        attempt("tokenize", lambda: tokenize_stage(config.tokenize, config.profile.model, **common))
-    if config.profile.enabled:
-        attempt("profile", lambda: profile_stage(config.profile, **common))
-    endpoint_kind = None
-    if config.stream.enabled or config.sweep.enabled:
-        try:
-            with open_endpoint(config.endpoint, config.server) as endpoint:
-                endpoint_kind = endpoint.server_kind
-                tags.update(endpoint.identity())
-                tracker.set_tags(parent, endpoint.identity())
-                if config.stream.enabled:
-                    attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
-                if config.sweep.enabled:
-                    attempt("sweep", lambda: sweep_stage(config.sweep, endpoint, **common))
-        except Exception as exc:
-            errors["endpoint"] = f"{type(exc).__name__}: {exc}"
-            logger.error("endpoint failed: %s", errors["endpoint"])
-            tracker.log_text(parent, traceback.format_exc(), "error.txt")
-
-    headline = report.headline(stages)
-    summary = report.summary_markdown(stages, errors, endpoint_kind)
-    verdict = None
-    if parent and config.regression.enabled and not errors:
-        try:
-            verdict = judge(tracker, parent, headline, tags, config.regression)
-        except LookupError as exc:  # a named baseline that does not exist
-            errors["regression"] = str(exc)
-    if verdict is not None:
-        summary += "\n" + verdict.markdown()
-        logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
-    error = "; ".join(f"{k}: {v}" for k, v in errors.items()) or None
-    finish_parent(tracker, parent, headline, error, summary, artifact_key="audit-summary")
+        headline = report.headline(stages)
+        summary = report.summary_markdown(stages, errors, endpoint_kind)
+        verdict = None
+        if run.run_id and config.regression.enabled and not errors:
+            try:
+                verdict = judge(run.tracker, run.run_id, headline, run.tags, config.regression)
+            except LookupError as exc:  # a named baseline that does not exist
+                errors["regression"] = str(exc)
+        if verdict is not None:
+            summary += "\n" + verdict.markdown()
+            logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
+        run.finish(headline, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
     return {
         "stages": stages, "headline": headline, "errors": errors,
         "regression": None if verdict is None else {
             "regressed": verdict.regressed, "baseline": verdict.baseline_label,
             "rows": [row.to_row() for row in verdict.rows],
         },
-        "mlflow_run_id": parent, "tracking_uri": tracker.tracking_uri if parent else None,
-        "ui_command": tracker.ui_command() if parent else None, "workdir": str(workdir),
+        "mlflow_run_id": run.run_id, "tracking_uri": run.tracker.tracking_uri if run.run_id else None,
+        "ui_command": run.ui_command, "workdir": str(run.workdir),
     }
 
 

@@ -1,255 +1,57 @@
-"""The single-stage `stream` flow and the `infermeter stream` command.
+"""The single-stage `stream` flow.
 
-The flow: open the endpoint (the configured base_url, or the embedded llama.cpp server started
-for the run and stopped after it), run the stream stage (``tasks.pipeline.stream_stage``, the
-same task the audit's remote stage runs) under one MLflow parent run (``flows.stage_runs``), log
-its headline and summary.md on the parent. MLflow: parent run -> ``stream`` child -> one child per load level.
-
-The command builds the config from YAML (``--config``: stream-shaped, ``StreamFlowConfig``, or
-audit-shaped, whose ``stream``, ``endpoint``, ``server`` and ``tracking`` parts are used) and
-the flags, checks what
-can be checked before any request (exit 2, one line), runs the flow, writes ``--json``
-(``{"levels": [{"max_concurrency", "request_rate", "metrics", "requests"}], "mlflow_run_id"}``)
-and prints one table row per level.
+Open the endpoint (the configured base_url, or the embedded llama.cpp server started for the
+run and stopped after it), run the stream stage (``tasks.pipeline.stream_stage``, the same task
+the audit's remote stage runs) under one MLflow parent run (``flows.runs.parent_run``), log its
+headline and summary.md on the parent. MLflow: parent run -> ``stream`` child -> one child per
+load level. The command is ``flows.commands.stream``.
 """
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-from typing import Annotated, Optional
-
-import typer
 from prefect import flow, get_run_logger
-from prefect.states import Completed, Failed
-from rich import box
-from rich.table import Table
 
-from flows.cli_common import (
-    apply_overrides, check_embedded_engine, console, fail_input, load_or_fail, parse_list,
-    parse_slos, print_run_links, rate, run_flow,
-)
-from tasks.config import AuditConfig, StreamFlowConfig
+from flows.runs import final_state, parent_run
+from tasks.config import StreamFlowConfig
 
-# tasks.pipeline (torch, openai, matplotlib) and flows.audit are imported inside the functions
-# that run the flow, so `infermeter --help` and input errors stay fast.
+# tasks.pipeline (torch, openai, matplotlib) is imported inside the body, so that loading this
+# module (deployments, the CLI) stays fast.
+
 
 def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
-    """The flow's body: returns ``{"levels", "headline", "mlflow_run_id", "workdir", "error"}``
-    (``error`` is None, or the message of the failure that ended the run early)."""
-    from flows.stage_runs import finish_parent, new_workdir, run_tags, start_parent
-    from tasks.report import summary as report
+    """The flow's body: returns ``{"levels", "headline", "error", "mlflow_run_id", "workdir",
+    "ui_command"}`` (``error`` is None, or the message of the failure that ended the run early)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
-    from tasks.tracking import TrackingTarget
+    from tasks.report import summary as report
 
     logger = get_run_logger()
-    target = TrackingTarget(config.tracking.experiment, None, config.tracking.enabled and track)
-    tracker, parent = start_parent(target, config.name, config.model_dump(mode="json"), run_tags("stream", {
+    tags = {
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
-    }))
-    workdir = new_workdir("stream")
-    logger.info("MLflow run %s; records in %s", parent or "(not tracked)", workdir)
-    result: dict = {"levels": [], "headline": {}, "error": None}
-    kind = None
-    try:
-        with open_endpoint(config.endpoint, config.server) as endpoint:
-            kind = endpoint.server_kind
-            tracker.set_tags(parent, endpoint.identity())
-            stage = stream_stage(config.stream, endpoint, target, parent, str(workdir))
-        result.update(levels=stage["levels"], headline=stage["headline"])
-    except Exception as exc:  # the records written so far stay in workdir and MLflow
-        result["error"] = f"{type(exc).__name__}: {exc}"
-        logger.error("stream failed: %s", result["error"])
-    stages = {"stream": {"levels": result["levels"], "headline": result["headline"]}}
-    summary = report.summary_markdown(
-        stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {},
-        kind)
-    finish_parent(tracker, parent, result["headline"], result["error"], summary)
-    return {**result, "mlflow_run_id": parent, "workdir": str(workdir),
-            "ui_command": tracker.ui_command() if parent else None}
+    }
+    with parent_run("stream", config.name, config.model_dump(mode="json"), config.tracking, track,
+                    tags) as run:
+        result: dict = {"levels": [], "headline": {}, "error": None}
+        kind = None
+        try:
+            with open_endpoint(config.endpoint, config.server) as endpoint:
+                kind = endpoint.server_kind
+                run.set_tags(endpoint.identity())
+                stage = stream_stage(config.stream, endpoint, **run.stage_args())
+            result.update(levels=stage["levels"], headline=stage["headline"])
+        except Exception as exc:  # the records written so far stay in workdir and MLflow
+            result["error"] = f"{type(exc).__name__}: {exc}"
+            logger.error("stream failed: %s", result["error"])
+        stages = {"stream": {"levels": result["levels"], "headline": result["headline"]}}
+        summary = report.summary_markdown(
+            stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {},
+            kind)
+        run.finish(result["headline"], summary, result["error"])
+    return {**result, **run.links()}
 
 
 @flow(name="stream", log_prints=True)
 def stream(config: StreamFlowConfig = StreamFlowConfig(), track: bool = True):
     """Stream from an endpoint under a concurrency x request-rate sweep (TTFT, ITL, TPOT, E2E)."""
-    result = run_stream(config, track)
-    if result["error"]:
-        return Failed(message=result["error"], data=result)
-    return Completed(data=result)
-
-
-def load_stream_config(path: Path | None) -> StreamFlowConfig:
-    """A stream-shaped YAML (stream, endpoint, server, tracking, name), or an audit-shaped one
-    (its stream / endpoint / server / tracking parts are used). Exits 2 with one line on error."""
-    if path is not None and path.is_file():
-        import yaml
-
-        try:
-            data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError:
-            data = None
-        if isinstance(data, dict) and set(data) - set(StreamFlowConfig.model_fields):
-            audit = load_or_fail(path, AuditConfig)
-            return StreamFlowConfig(stream=audit.stream, endpoint=audit.endpoint,
-                                    server=audit.server, tracking=audit.tracking)
-    return load_or_fail(path, StreamFlowConfig)
-
-
-def _check_endpoint(cfg: StreamFlowConfig) -> None:
-    """What fails before any request: base_url without a scheme, base_url without --model, a
-    named key variable that is not set (its value is never printed), a tokenizer spec that does
-    not resolve, a base_url where nothing
-    accepts a TCP connection (refused, or no answer in 5 s: a run would only log one
-    connection error per request)."""
-    endpoint = cfg.endpoint
-    if endpoint.base_url:
-        if not endpoint.base_url.startswith(("http://", "https://")):
-            fail_input(
-                f"--base-url: {endpoint.base_url!r} has no scheme; write it like "
-                "http://host:8000/v1"
-            )
-        if not endpoint.model:
-            fail_input("--model: required with --base-url (the model name the server serves)")
-    if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
-        fail_input(
-            f"--api-key-env: environment variable {endpoint.api_key_env} is not set; export it "
-            "or name the variable that holds the key"
-        )
-    if endpoint.tokenizer:
-        from tasks.models import ModelSourceError, resolve
-
-        try:
-            resolve(endpoint.tokenizer)
-        except ModelSourceError as exc:
-            fail_input(f"--tokenizer: {exc}")
-    if endpoint.base_url:
-        _check_reachable(endpoint.base_url)
-
-
-def _check_reachable(base_url: str) -> None:
-    import socket
-    from urllib.parse import urlsplit
-
-    url = urlsplit(base_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except TimeoutError:
-        fail_input(f"--base-url: {url.hostname}:{port} does not answer (timed out after 5 s); "
-                   "check the host and port, and that the server is up")
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        fail_input(f"--base-url: nothing accepts connections at {url.hostname}:{port} ({reason}); "
-                   "start the server or fix the URL")
-
-
-def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] | None:
-    from tasks.stream.prompts import PromptsError, read_prompts_file
-
-    if prompt and prompts_file:
-        fail_input("--prompt and --prompts: give one of them, not both")
-    if prompts_file is not None:
-        try:
-            return read_prompts_file(prompts_file)
-        except PromptsError as exc:
-            fail_input(str(exc))
-    if prompt:
-        if any(not p.strip() for p in prompt):
-            fail_input("--prompt: a prompt must not be empty")
-        return prompt
-    return None
-
-
-def command(
-    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL (…/v1); none = start the embedded server (--engine).")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model name sent in requests (required with --base-url).")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")] = None,
-    prompt: Annotated[Optional[list[str]], typer.Option(help="A prompt (repeat for several).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request (sent as max_tokens and max_completion_tokens).")] = None,
-    request_timeout_s: Annotated[Optional[float], typer.Option(help="Per-request timeout in seconds.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")] = None,
-    max_concurrency: Annotated[Optional[str], typer.Option(help="Concurrency levels, e.g. 1,4,16,64.")] = None,
-    request_rate: Annotated[Optional[str], typer.Option(help="Request rates in requests/s, e.g. 2,8,inf.")] = None,
-    burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals and synthetic prompts.")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")] = None,
-    goodput: Annotated[Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50.")] = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")] = None,
-    client_processes: Annotated[Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="YAML config: stream-shaped (stream, endpoint, server, tracking) or an audit config.")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the result here.")] = None,
-    no_track: Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")] = False,
-) -> None:
-    """Stream from an endpoint: TTFT / ITL / TPOT / E2E per request, under load levels."""
-    cfg = load_stream_config(config)
-    if input_len is not None and (prompt or prompts):
-        fail_input("--input-len: synthetic prompts replace --prompt/--prompts; give one of them")
-    cfg = apply_overrides(cfg, "endpoint", {
-        "base_url": base_url, "model": model, "api_key_env": api_key_env,
-        "request_timeout_s": request_timeout_s, "tokenizer": tokenizer,
-    })
-    cfg = apply_overrides(cfg, "server", {"engine": engine})
-    cfg = apply_overrides(cfg, "stream", {
-        "prompts": _prompts(prompt, prompts), "max_tokens": max_tokens,
-        "max_concurrency": parse_list("--max-concurrency", max_concurrency, int),
-        "request_rate": parse_list("--request-rate", request_rate, rate),
-        "burstiness": burstiness, "seed": seed, "num_requests": num_requests, "warmup": warmup,
-        "goodput": parse_slos(goodput), "input_len": input_len, "output_len": output_len,
-        "client_processes": client_processes, "enabled": True,
-    })
-    _check_endpoint(cfg)
-    check_embedded_engine(cfg)
-
-    _, result = run_flow("stream", stream, cfg, track=not no_track, json_path=json_path,
-                         json_keys=("levels",))
-    if result["levels"]:
-        print_levels(result["levels"])
-    print_run_links(result)
-    if result["error"]:
-        typer.echo(f"stream failed: {result['error']}; the requests finished before it are in "
-                   f"{Path(result['workdir']) / 'requests.jsonl'}", err=True)
-        raise typer.Exit(1)
-    measured = [r for lv in result["levels"] for r in lv["requests"] if not r["warmup"]]
-    if measured and all(r["error"] is not None for r in measured):
-        first = measured[0]["error"]
-        typer.echo(f"every request failed; first error ({first['class']}): {first['message']}", err=True)
-        raise typer.Exit(1)
-
-
-def _fmt(value) -> str:
-    if value is None:
-        return "n/a"
-    if isinstance(value, float):
-        return f"{value:.0f}" if abs(value) >= 100 else f"{value:.1f}"
-    return str(value)
-
-
-def print_levels(levels: list[dict]) -> None:
-    """One row per level: latencies (ms), throughput, errors and the client-bound flag."""
-    from tasks.report.plots import rate_label
-
-    columns = [
-        ("ttft_ms_p50", "TTFT\np50"), ("ttft_ms_p99", "TTFT\np99"), ("itl_ms_p50", "ITL\np50"),
-        ("itl_ms_p99", "ITL\np99"), ("tpot_ms_mean", "TPOT\nmean"), ("e2e_ms_p50", "E2E\np50"),
-        ("output_tokens_per_s", "tok/s"), ("num_errors", "errors"),
-        ("client_loop_lag_ms_p99", "lag\np99"),
-    ]
-    table = Table(title="infermeter stream (ms; lag = client event-loop lag)", header_style="bold",
-                  box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True)
-    table.add_column("conc", justify="right")
-    table.add_column("rate", justify="right")
-    for _, title in columns:
-        table.add_column(title, justify="right")
-    table.add_column("client\nbound", no_wrap=True)
-    for lv in levels:
-        m = lv["metrics"]
-        bound = {None: "n/a", 0: "no", 1: "YES"}.get(m.get("client_bound"), "n/a")
-        table.add_row(str(lv["max_concurrency"]), rate_label(lv["request_rate"]),
-                      *(_fmt(m.get(key)) for key, _ in columns), bound)
-    console.print(table)
+    return final_state(run_stream(config, track))

@@ -1,7 +1,8 @@
 """`infermeter serve`: deployments for every flow, served against the Prefect API.
 
-Each flow's parameters are its pydantic config model, so the Prefect UI renders a typed form
-with the defaults and descriptions of tasks/config.py; a run launched from the UI, from
+Each flow takes one pydantic config model (AuditConfig, StreamFlowConfig, ProfileFlowConfig,
+SweepFlowConfig, TokenizeFlowConfig), so the Prefect UI renders a typed form with the defaults
+and descriptions of tasks/config; a run launched from the UI, from
 `prefect deployment run NAME --param ...` or from the REST API lands in MLflow with exactly the
 parameters it was given. The audit deployment takes the config's `schedule_cron` (off by
 default) and compares each run with its baseline.
@@ -19,7 +20,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.cli_common import fail_input, load_or_fail, preflight
+from flows.commands.common import fail_input, load_or_fail, preflight
 from tasks.config import AuditConfig
 
 #: (module, flow attribute, deployment name): every flow that gets a deployment. Modules that

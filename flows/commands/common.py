@@ -1,5 +1,5 @@
-"""What every CLI command shares: one-line input errors (exit 2), list-valued options,
---json output and the headline table.
+"""What every CLI command shares: one-line input errors (exit 2), list-valued options, configs
+with the command's flags applied, pre-flight checks, and running a flow for a command.
 
 DESIGN.md: a list-valued option takes one comma-separated value (`--max-concurrency 1,4,16`,
 `--goodput ttft_ms:500,tpot_ms:50`); an option that takes free text is repeated.
@@ -11,17 +11,19 @@ import json
 import math
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
-from rich.console import Console
-from rich.table import Table
 
+from flows.commands.tables import console
 from tasks.config import ConfigError, describe_validation_error, load_config
 
 T = TypeVar("T")
-console = Console(soft_wrap=True)  # paths and commands stay whole when copied
+
+#: The options every flow command takes, declared once (typer reads the Annotated metadata).
+JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the result here.")]
+NoTrackOption = Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")]
 
 
 def fail_input(message: str) -> None:
@@ -102,35 +104,12 @@ def check_embedded_engine(config: BaseModel) -> None:
     ``make vllm``), before any flow starts."""
     from tasks.server import ServerStartError, check_engine
 
-    if getattr(config, "endpoint").base_url:
+    if config.endpoint.base_url:
         return
     try:
-        check_engine(getattr(config, "server").engine)
+        check_engine(config.server.engine)
     except ServerStartError as exc:
         fail_input(str(exc))
-
-
-def write_json(path: Path | None, data: dict) -> None:
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")
-
-
-def print_headline(title: str, headline: dict) -> None:
-    table = Table(title=title, show_header=True, header_style="bold")
-    table.add_column("metric")
-    table.add_column("value", justify="right")
-    for key, value in headline.items():
-        if value is None:
-            shown = "n/a"
-        elif isinstance(value, float):
-            shown = f"{value:,.3f}"
-        elif isinstance(value, int):
-            shown = f"{value:,}"
-        else:
-            shown = str(value)
-        table.add_row(key, shown)
-    console.print(table)
 
 
 def preflight(track: bool) -> None:
@@ -159,7 +138,7 @@ def preflight(track: bool) -> None:
 
 def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
              json_keys: tuple[str, ...] = (), **kwargs: Any) -> tuple[Any, dict]:
-    """Run ``flow`` for the CLI command ``name`` against :func:`flows.prefect_api.prefect_api`;
+    """Run ``flow`` for the CLI command ``name`` against :func:`flows.commands.prefect_api.prefect_api`;
     write ``--json`` (``json_keys`` of the result plus ``mlflow_run_id``); return the final
     State and the result dict. A flow that failed with a result is reported by the caller.
 
@@ -168,7 +147,7 @@ def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
             stderr); 130 after a Ctrl-C, once the run is marked as interrupted (what finished
             is kept: the records folder is named in the log above).
     """
-    from flows.prefect_api import prefect_api
+    from flows.commands.prefect_api import prefect_api
 
     try:
         with prefect_api():
@@ -185,9 +164,8 @@ def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
     return state, result
 
 
-def print_run_links(result: dict) -> None:
-    """The MLflow run id and the command that opens its UI, when the run was tracked."""
-    if result.get("mlflow_run_id"):
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
-        if result.get("ui_command"):
-            console.print(f"Open the UI: {result['ui_command']}")
+def write_json(path: Path | None, data: dict) -> None:
+    """``--json PATH``: ``data`` as indented UTF-8 JSON (parent folders made); None: nothing."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=str), encoding="utf-8")

@@ -11,7 +11,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from flows.cli_common import console, fail_input, parse_list, write_json
+from flows.commands.common import fail_input, parse_list, write_json
+from flows.commands.tables import console, fmt_value, make_table
 from tasks.report.compare import comparison_frame, markdown_table, plot_metric
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
@@ -74,10 +75,9 @@ def command(
 
 def _transposed(frame) -> Table:
     """Metrics as rows, runs as columns: reads in a terminal however many metrics there are."""
-    table = Table(title="runs side by side (change against the first run)", header_style="bold")
-    table.add_column("")
-    for name, run_id in zip(frame["name"], frame["run_id"]):
-        table.add_column(f"{name or ''}\n{run_id[:8]}", justify="right")
+    table = make_table("runs side by side (change against the first run)", [("", "left")] + [
+        (f"{name or ''}\n{run_id[:8]}", "right") for name, run_id in zip(frame["name"], frame["run_id"])
+    ])
     for column in frame.columns:
         if column in ("run_id", "name") or column.endswith("_change_pct"):
             continue
@@ -85,7 +85,7 @@ def _transposed(frame) -> Table:
         for i, value in enumerate(frame[column]):
             if isinstance(value, float):
                 change = frame[f"{column}_change_pct"][i] if f"{column}_change_pct" in frame.columns else None
-                cell = f"{value:,.3f}"
+                cell = fmt_value(value, ",.3f")
                 if i > 0 and change is not None:
                     cell += f" ({change:+.1f} %)"
             else:

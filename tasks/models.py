@@ -184,7 +184,12 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
         plain.save_pretrained(staging)
         _drop_gguf_quantization_config(staging / "config.json")
         tokenizer.save_pretrained(staging)
-        os.replace(staging, target)
+        try:
+            os.replace(staging, target)
+        except OSError:
+            # another process converted the same file meanwhile (ENOTEMPTY): theirs is as good
+            if not (target / "config.json").exists():
+                raise
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 

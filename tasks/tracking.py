@@ -114,7 +114,7 @@ class TrackingTarget:
     tracking_uri: str | None
     enabled: bool = True
 
-    def open(self) -> "Tracker":
+    def open(self) -> Tracker:
         return Tracker(self.experiment, self.tracking_uri, self.enabled)
 
 

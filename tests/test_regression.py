@@ -3,8 +3,8 @@ baseline search against a real MLflow store."""
 
 import pytest
 
-from tasks.report.baseline import judge
 from tasks.config import RegressionConfig
+from tasks.report.baseline import judge
 from tasks.report.regression import is_known_metric, judge_metric, verdict
 from tasks.tracking import Tracker
 

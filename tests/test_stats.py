@@ -8,7 +8,13 @@ import random
 import pytest
 
 from tasks.stats import (
-    STAT_NAMES, aggregate_level, count_short_outputs, flatten_stats, meets_slos, percentile, summarize,
+    STAT_NAMES,
+    aggregate_level,
+    count_short_outputs,
+    flatten_stats,
+    meets_slos,
+    percentile,
+    summarize,
 )
 from tasks.stream.records import RequestRecord
 

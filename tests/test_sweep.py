@@ -12,7 +12,13 @@ from mlflow.tracking import MlflowClient
 from tasks.config import SweepFlowConfig
 from tasks.stream.records import RequestRecord
 from tasks.sweep import (
-    PointOutcome, SweepPoint, distinct_n, finish_point, grid, identical_fraction, sweep_headline,
+    PointOutcome,
+    SweepPoint,
+    distinct_n,
+    finish_point,
+    grid,
+    identical_fraction,
+    sweep_headline,
 )
 
 BIN = Path(sys.executable).parent / "infermeter"

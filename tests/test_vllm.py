@@ -21,7 +21,11 @@ import pytest
 
 from tasks.config import EndpointConfig, ServerConfig, StreamConfig
 from tasks.server import (
-    EngineNotInstalledError, ServerStartError, check_engine, embedded_server, vllm_python,
+    EngineNotInstalledError,
+    ServerStartError,
+    check_engine,
+    embedded_server,
+    vllm_python,
 )
 
 BIN = Path(sys.executable).parent / "infermeter"

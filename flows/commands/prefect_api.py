@@ -18,7 +18,11 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["prefect_api"]
+__all__ = ["STARTUP_TIMEOUT_S", "prefect_api"]
+
+#: How long the temporary server may take to answer /health, in seconds, unless
+#: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS says otherwise.
+STARTUP_TIMEOUT_S = 120.0
 
 
 @contextlib.contextmanager
@@ -56,7 +60,13 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     }
     url = f"http://127.0.0.1:{port}/api"
     log_path = Path(tempfile.mkdtemp(prefix="infermeter-prefect-")) / "prefect_server.log"
-    timeout_s = startup_timeout_s or PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    # Prefect's default (20 s) is too short on a busy 2-core machine, where a fresh database's
+    # migrations alone took longer (seen in tests and a first audit); a dead server still fails
+    # at once (background_server watches the process). A value the user set is kept.
+    user_set = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ
+    timeout_s = startup_timeout_s or (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if user_set else STARTUP_TIMEOUT_S
+    )
     with background_server("Prefect's temporary API server", command, env, f"{url}/health",
                            startup_timeout_s=timeout_s, log_path=log_path,
                            timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL"):

@@ -120,5 +120,5 @@ class AuditConfig(_Strict):
             try:
                 CronSim(value, datetime(2026, 1, 1))
             except CronSimError as exc:
-                raise ValueError(f"not a cron string ({exc}); e.g. '0 3 * * *' for 03:00 daily")
+                raise ValueError(f"not a cron string ({exc}); e.g. '0 3 * * *' for 03:00 daily") from None
         return value

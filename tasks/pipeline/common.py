@@ -37,7 +37,7 @@ class StageRun:
         self.tracker = target.open()
         self.run_id = self.tracker.start_run(name, parent_run_id, {"stage": name, **(tags or {})})
 
-    def __enter__(self) -> "StageRun":
+    def __enter__(self) -> StageRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

@@ -11,14 +11,13 @@ from tasks import metrics
 from tasks.config import StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
+from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.report import plots as plots_module
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.prompts import stage_prompts
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
-
-from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 
 STREAM_HEADLINE = metrics.headline("stream")
 

@@ -13,16 +13,22 @@ from prefect import task
 from tasks import tokenizers
 from tasks.config import SweepConfig
 from tasks.endpoint import Endpoint
+from tasks.pipeline.common import STAGE, StageRun
 from tasks.report import plots as plots_module
 from tasks.stream.load import connect
 from tasks.stream.settings import Connection
 from tasks.sweep import (
-    PointResult, SweepPoint, collect_outcomes, local_identity, pending_points, points_from_config,
-    run_point_local, run_points, sweep_headline,
+    PointResult,
+    SweepPoint,
+    collect_outcomes,
+    local_identity,
+    pending_points,
+    points_from_config,
+    run_point_local,
+    run_points,
+    sweep_headline,
 )
 from tasks.tracking import TrackingTarget, flatten_params
-
-from tasks.pipeline.common import STAGE, StageRun
 
 
 @task(name="sweep", **STAGE)

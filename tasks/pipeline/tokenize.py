@@ -7,13 +7,13 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks.config import TokenizeConfig
-from tasks.report import plots as plots_module
 from tasks import tokenizers
+from tasks.config import TokenizeConfig
+from tasks.pipeline.common import STAGE, StageRun
+from tasks.report import plots as plots_module
 from tasks.tokenize import summary_metrics, tokenize_prompts
 from tasks.tracking import TrackingTarget
 
-from tasks.pipeline.common import STAGE, StageRun
 
 @task(name="tokenize", **STAGE)
 def tokenize_stage(

@@ -7,7 +7,7 @@ Plain functions over run dicts (as :meth:`tasks.tracking.Tracker.find_runs` retu
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import polars as pl
@@ -39,7 +39,7 @@ def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None)
         row = {
             "run_id": run["run_id"],
             "name": run.get("name"),
-            "start_utc": datetime.fromtimestamp(run["start_time_ms"] / 1000, timezone.utc)
+            "start_utc": datetime.fromtimestamp(run["start_time_ms"] / 1000, UTC)
             .strftime("%Y-%m-%d %H:%M:%S") if run.get("start_time_ms") else None,
         }
         row.update({tag: run["tags"].get(tag) for tag in CONTEXT_TAGS})

@@ -22,13 +22,22 @@ target) torch and transformers; never prefect or mlflow.
 """
 
 from tasks.sweep.figures import (
-    PointResult, distinct_n, finish_point, identical_fraction, point_metrics,
+    PointResult,
+    distinct_n,
+    finish_point,
+    identical_fraction,
+    point_metrics,
 )
 from tasks.sweep.local import local_identity, run_point_local
 from tasks.sweep.points import SweepPoint, grid, points_from_config
 from tasks.sweep.remote import run_points
 from tasks.sweep.results import (
-    SWEEP_METRICS, PointOutcome, collect_outcomes, pending_points, prior_figures, sweep_headline,
+    SWEEP_METRICS,
+    PointOutcome,
+    collect_outcomes,
+    pending_points,
+    prior_figures,
+    sweep_headline,
 )
 
 __all__ = [

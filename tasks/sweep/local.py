@@ -51,7 +51,9 @@ class _SeededSampler:
 
     def __init__(self, generator, temperature: float, top_k: int | None, top_p: float | None) -> None:
         from transformers.generation.logits_process import (
-            TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper,
+            TemperatureLogitsWarper,
+            TopKLogitsWarper,
+            TopPLogitsWarper,
         )
 
         self.generator = generator

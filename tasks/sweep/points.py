@@ -36,7 +36,7 @@ class SweepPoint:
     extra: tuple[tuple[str, str], ...] = ()
 
     @classmethod
-    def make(cls, *, extra_body: Mapping[str, Any] | None = None, **values: Any) -> "SweepPoint":
+    def make(cls, *, extra_body: Mapping[str, Any] | None = None, **values: Any) -> SweepPoint:
         extra = tuple(sorted((k, json.dumps(v, sort_keys=True)) for k, v in (extra_body or {}).items()))
         return cls(extra=extra, **values)
 

@@ -26,8 +26,15 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
     """The audit's body; returns the result dict (with ``errors`` per failed stage)."""
     logger = get_run_logger()
     tags = {"model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded"}
-    with parent_run("audit", config.name, config.model_dump(mode="json"), config.tracking, track,
-                    tags, artifact_key="audit-summary") as run:
+    with parent_run(
+        "audit",
+        config.name,
+        config.model_dump(mode="json"),
+        config.tracking,
+        track,
+        tags,
+        artifact_key="audit-summary",
+    ) as run:
         stages: dict[str, dict] = {}
         errors: dict[str, str] = {}
 
@@ -71,13 +78,20 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
             logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
         run.finish(headline, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
     return {
-        "stages": stages, "headline": headline, "errors": errors,
-        "regression": None if verdict is None else {
-            "regressed": verdict.regressed, "baseline": verdict.baseline_label,
+        "stages": stages,
+        "headline": headline,
+        "errors": errors,
+        "regression": None
+        if verdict is None
+        else {
+            "regressed": verdict.regressed,
+            "baseline": verdict.baseline_label,
             "rows": [row.to_row() for row in verdict.rows],
         },
-        "mlflow_run_id": run.run_id, "tracking_uri": run.tracker.tracking_uri if run.run_id else None,
-        "ui_command": run.ui_command, "workdir": str(run.workdir),
+        "mlflow_run_id": run.run_id,
+        "tracking_uri": run.tracker.tracking_uri if run.run_id else None,
+        "ui_command": run.ui_command,
+        "workdir": str(run.workdir),
     }
 
 

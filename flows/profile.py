@@ -41,8 +41,10 @@ def run_profile(config: ProfileFlowConfig, track: bool = True, show_progress: bo
         if result["error"]:
             logger.error("profile failed: %s", result["error"])
         failed = sum(1 for point in result["points"] if point["failed"])
-        summary = (f"# infermeter profile\n\n{config.profile.model}: {len(result['points'])} points, "
-                   f"{failed} failed\n" + (f"\nfailed: {result['error']}\n" if result["error"] else ""))
+        summary = (
+            f"# infermeter profile\n\n{config.profile.model}: {len(result['points'])} points, "
+            f"{failed} failed\n" + (f"\nfailed: {result['error']}\n" if result["error"] else "")
+        )
         run.finish(result["headline"], summary, result["error"])
     return {**result, **run.links()}
 

@@ -86,14 +86,20 @@ def _tags(flow_name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
         **environment_tags(),
         "prefect_flow_run_id": str(flow_run.get_id() or ""),
         "prefect_flow_run_name": str(flow_run.get_name() or ""),
-        "flow": flow_name, **extra,
+        "flow": flow_name,
+        **extra,
     }
 
 
 @contextlib.contextmanager
 def parent_run(
-    flow_name: str, run_name: str, params: Mapping[str, Any], tracking: TrackingConfig,
-    track: bool = True, tags: Mapping[str, Any] | None = None, artifact_key: str | None = None,
+    flow_name: str,
+    run_name: str,
+    params: Mapping[str, Any],
+    tracking: TrackingConfig,
+    track: bool = True,
+    tags: Mapping[str, Any] | None = None,
+    artifact_key: str | None = None,
 ) -> Iterator[ParentRun]:
     """Start the parent run of a flow run; finish it when the block ends.
 

@@ -30,8 +30,9 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
     }
-    with parent_run("stream", config.name, config.model_dump(mode="json"), config.tracking, track,
-                    tags) as run:
+    with parent_run(
+        "stream", config.name, config.model_dump(mode="json"), config.tracking, track, tags
+    ) as run:
         result: dict = {"levels": [], "headline": {}, "error": None}
         kind = None
         try:
@@ -45,8 +46,8 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
             logger.error("stream failed: %s", result["error"])
         stages = {"stream": {"levels": result["levels"], "headline": result["headline"]}}
         summary = report.summary_markdown(
-            stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {},
-            kind)
+            stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {}, kind
+        )
         run.finish(result["headline"], summary, result["error"])
     return {**result, **run.links()}
 

@@ -30,8 +30,9 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
         "model": config.sweep.local_model if local else config.server.model,
         "endpoint": "local" if local else (config.endpoint.base_url or "embedded"),
     }
-    with parent_run("sweep", config.name, config.model_dump(mode="json"), config.tracking, track,
-                    tags) as run:
+    with parent_run(
+        "sweep", config.name, config.model_dump(mode="json"), config.tracking, track, tags
+    ) as run:
         common = {**run.stage_args(), "resume": config.resume}
         result, error, kind = None, None, None
         try:
@@ -47,8 +48,12 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
         stages = {"sweep": result} if result else {}
         summary = report.summary_markdown(stages, {"sweep": error} if error else {}, kind)
         run.finish((result or {}).get("headline", {}), summary, error)
-    return {"points": (result or {}).get("points", []), "headline": (result or {}).get("headline", {}),
-            "error": error, **run.links()}
+    return {
+        "points": (result or {}).get("points", []),
+        "headline": (result or {}).get("headline", {}),
+        "error": error,
+        **run.links(),
+    }
 
 
 @flow(name="sweep", log_prints=True)

@@ -20,8 +20,14 @@ def run_tokenize(config: TokenizeFlowConfig, track: bool = True) -> dict:
     from tasks.pipeline import tokenize_stage  # torch and transformers: not at import
 
     # the params are the tokenize section's fields, unprefixed: the names tokenize runs have
-    with parent_run("tokenize", config.name, config.tokenize.model_dump(mode="json"), config.tracking,
-                    track, {"model": config.model}) as run:
+    with parent_run(
+        "tokenize",
+        config.name,
+        config.tokenize.model_dump(mode="json"),
+        config.tracking,
+        track,
+        {"model": config.model},
+    ) as run:
         try:
             result = tokenize_stage(config.tokenize, config.model, **run.stage_args())
         except Exception as exc:
@@ -42,10 +48,16 @@ def tokenize(config: TokenizeFlowConfig = TokenizeFlowConfig(), track: bool = Tr
 
 def summary_markdown(rows: list[dict]) -> str:
     """The parent run's summary.md: one table row per prompt x tokenizer."""
-    lines = ["# infermeter tokenize", "", "| tokenizer | text | tokens | chars/token | bytes/token |",
-             "| --- | --- | --- | --- | --- |"]
+    lines = [
+        "# infermeter tokenize",
+        "",
+        "| tokenizer | text | tokens | chars/token | bytes/token |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         text = r["text"].replace("\n", "⏎").replace("|", "\\|")
-        lines.append(f"| {r['tokenizer']} | {text} | {r['token_count']} | "
-                     f"{r['chars_per_token'] or 0:.2f} | {r['bytes_per_token'] or 0:.2f} |")
+        lines.append(
+            f"| {r['tokenizer']} | {text} | {r['token_count']} | "
+            f"{r['chars_per_token'] or 0:.2f} | {r['bytes_per_token'] or 0:.2f} |"
+        )
     return "\n".join(lines) + "\n"

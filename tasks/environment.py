@@ -21,7 +21,10 @@ def git_commit() -> str:
         commit = out.stdout.strip()
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, timeout=5,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            timeout=5,
         ).stdout.strip()
         return (commit + ("-dirty" if dirty else "")) or "unknown"
     except (OSError, subprocess.SubprocessError):

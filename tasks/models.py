@@ -142,9 +142,7 @@ def resolve(spec: str) -> ModelSource:
             f"model {spec!r}: unknown preset {rest!r} and no such config.json; "
             f"presets: {', '.join(sorted(ARCH_PRESETS))}, or arch:PATH/config.json"
         )
-    raise ModelSourceError(
-        f"model {spec!r}: unknown source {kind!r}; use gguf:, hf: or arch:"
-    )
+    raise ModelSourceError(f"model {spec!r}: unknown source {kind!r}; use gguf:, hf: or arch:")
 
 
 def hf_folder(source: ModelSource) -> str:
@@ -175,9 +173,7 @@ def _convert_gguf(gguf_path: Path, target: Path) -> None:
     staging = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
     try:
         tokenizer = AutoTokenizer.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
-        gguf_model = AutoModelForCausalLM.from_pretrained(
-            gguf_path.parent, gguf_file=gguf_path.name
-        )
+        gguf_model = AutoModelForCausalLM.from_pretrained(gguf_path.parent, gguf_file=gguf_path.name)
         plain = type(gguf_model)(gguf_model.config)
         plain.load_state_dict(gguf_model.state_dict())
         plain.generation_config = gguf_model.generation_config
@@ -258,22 +254,52 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layer
 #: need about 27-32 GB in float32, more than a 24 GiB machine has, so they default to bfloat16).
 ARCH_PRESETS: dict[str, dict] = {
     "smollm2-135m": dict(  # 9 heads, 3 KV heads (GQA 3:1), tied embeddings
-        default_dtype="float32", model_type="llama", vocab_size=49152, hidden_size=576,
-        intermediate_size=1536, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, head_dim=64, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        rope_theta=100000.0, tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+        default_dtype="float32",
+        model_type="llama",
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        head_dim=64,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
     ),
     "llama-2-7b": dict(  # multi-head attention: 32 heads, 32 KV heads
-        default_dtype="bfloat16", model_type="llama", vocab_size=32000, hidden_size=4096,
-        intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=32, max_position_embeddings=4096, rms_norm_eps=1e-5,
-        rope_theta=10000.0, tie_word_embeddings=False, bos_token_id=1, eos_token_id=2,
+        default_dtype="bfloat16",
+        model_type="llama",
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        max_position_embeddings=4096,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
     ),
     "llama-3-8b": dict(  # grouped-query attention: 32 heads, 8 KV heads (4:1)
-        default_dtype="bfloat16", model_type="llama", vocab_size=128256, hidden_size=4096,
-        intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, max_position_embeddings=8192, rms_norm_eps=1e-5,
-        rope_theta=500000.0, tie_word_embeddings=False, bos_token_id=128000,
+        default_dtype="bfloat16",
+        model_type="llama",
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
         eos_token_id=128001,
     ),
 }

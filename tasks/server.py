@@ -131,33 +131,51 @@ def check_engine(engine: str) -> None:
         vllm_python()
 
 
-def _llamacpp_launch(source: ModelSource, port: int, api_key: str | None, n_ctx: int,
-                     n_threads: int | None) -> _Launch:
+def _llamacpp_launch(
+    source: ModelSource, port: int, api_key: str | None, n_ctx: int, n_threads: int | None
+) -> _Launch:
     command = [
-        sys.executable, "-m", "llama_cpp.server",
-        "--model", source.location,
-        "--model_alias", source.name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--n_ctx", str(n_ctx),
-        "--interrupt_requests", "False",
+        sys.executable,
+        "-m",
+        "llama_cpp.server",
+        "--model",
+        source.location,
+        "--model_alias",
+        source.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--n_ctx",
+        str(n_ctx),
+        "--interrupt_requests",
+        "False",
     ]
     if n_threads:
         command += ["--n_threads", str(n_threads)]
     return _Launch(command, {"API_KEY": api_key} if api_key else {})
 
 
-def _vllm_launch(source: ModelSource, port: int, api_key: str | None, n_ctx: int,
-                 n_threads: int | None) -> _Launch:
+def _vllm_launch(
+    source: ModelSource, port: int, api_key: str | None, n_ctx: int, n_threads: int | None
+) -> _Launch:
     python = vllm_python()  # before the conversion: a missing engine fails in a moment
     command = [
-        str(python), "-m", "vllm.entrypoints.openai.api_server",
-        "--model", hf_folder(source),
-        "--served-model-name", source.name,
-        "--host", "127.0.0.1",
-        "--port", str(port),
-        "--dtype", "bfloat16",
-        "--max-model-len", str(n_ctx),
+        str(python),
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        hf_folder(source),
+        "--served-model-name",
+        source.name,
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "bfloat16",
+        "--max-model-len",
+        str(n_ctx),
         "--enforce-eager",  # no graph capture: start in ~30 s instead of minutes
     ]
     env = {
@@ -188,8 +206,13 @@ def _log_tail(log_path: Path, lines: int = 20) -> str:
 
 
 def _wait_healthy(
-    name: str, url: str, api_key: str | None, proc: subprocess.Popen, timeout_s: float,
-    log_path: Path, timeout_hint: str,
+    name: str,
+    url: str,
+    api_key: str | None,
+    proc: subprocess.Popen,
+    timeout_s: float,
+    log_path: Path,
+    timeout_hint: str,
 ) -> None:
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(url, headers=headers)
@@ -288,13 +311,23 @@ def embedded_server(
     base_url = f"http://127.0.0.1:{port}/v1"
     # llama-cpp-python has no /health route; /v1/models answers on both once the model is loaded
     with background_server(
-        f"{engine} server", launch.command, env, f"{base_url}/models", api_key=api_key,
-        startup_timeout_s=startup_timeout_s, log_path=log_path,
+        f"{engine} server",
+        launch.command,
+        env,
+        f"{base_url}/models",
+        api_key=api_key,
+        startup_timeout_s=startup_timeout_s,
+        log_path=log_path,
         timeout_hint="raise server.startup_timeout_s",
     ) as proc:
         yield EmbeddedServer(
-            base_url=base_url, model=source.name, api_key=api_key, pid=proc.pid,
-            model_sha256=source.file_sha256() or "", log_path=log_path, engine=engine,
+            base_url=base_url,
+            model=source.name,
+            api_key=api_key,
+            pid=proc.pid,
+            model_sha256=source.file_sha256() or "",
+            log_path=log_path,
+            engine=engine,
             kind=SERVER_KINDS[engine],
         )
 
@@ -321,7 +354,11 @@ def background_server(
     """
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
             start_new_session=True,
         )
     try:

@@ -30,8 +30,14 @@ from typing import Any
 from tasks.metrics import SLO_METRICS, STAT_NAMES
 
 __all__ = [
-    "SLO_METRICS", "STAT_NAMES", "aggregate_level", "count_short_outputs", "flatten_stats",
-    "meets_slos", "percentile", "summarize",
+    "SLO_METRICS",
+    "STAT_NAMES",
+    "aggregate_level",
+    "count_short_outputs",
+    "flatten_stats",
+    "meets_slos",
+    "percentile",
+    "summarize",
 ]
 
 #: Percentile of each ``pNN`` statistic of :data:`STAT_NAMES`.
@@ -205,10 +211,13 @@ def count_short_outputs(records: Iterable[Any], max_tokens: int) -> int:
     (``token_offsets_ms``) than ``max_tokens``. A server's own usage count is taken as it is.
     """
     return sum(
-        1 for r in records
-        if _succeeded(r) and _field(r, "output_tokens") is not None
+        1
+        for r in records
+        if _succeeded(r)
+        and _field(r, "output_tokens") is not None
         and _field(r, "output_tokens") < max_tokens
-        and (_field(r, "output_tokens_source") == "usage"
-             or len(_field(r, "token_offsets_ms") or ()) < max_tokens)
+        and (
+            _field(r, "output_tokens_source") == "usage"
+            or len(_field(r, "token_offsets_ms") or ()) < max_tokens
+        )
     )
-

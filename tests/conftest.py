@@ -69,8 +69,14 @@ def _start(command, env, health_url, log_path, timeout_s=180):
     import subprocess
 
     log = open(log_path, "wb")
-    proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env,
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         _wait_http(health_url, proc, timeout_s, log_path)
     except Exception:
@@ -101,14 +107,23 @@ def prefect_api(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("prefect-server")
     port = _free_port()
-    env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-           "PREFECT_UI_ENABLED": "true", "PREFECT_SERVER_API_HOST": "127.0.0.1",
-           "PREFECT_SERVER_API_PORT": str(port),
-           "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api"}  # the UI's own API calls
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(home),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "true",
+        "PREFECT_SERVER_API_HOST": "127.0.0.1",
+        "PREFECT_SERVER_API_PORT": str(port),
+        "PREFECT_UI_API_URL": f"http://127.0.0.1:{port}/api",
+    }  # the UI's own API calls
     env.pop("PREFECT_API_URL", None)
     prefect = str(Path(sys.executable).parent / "prefect")
-    proc = _start([prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
-                  env, f"http://127.0.0.1:{port}/api/health", home / "server.log")
+    proc = _start(
+        [prefect, "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+        env,
+        f"http://127.0.0.1:{port}/api/health",
+        home / "server.log",
+    )
     yield f"http://127.0.0.1:{port}/api"
     _stop(proc)
 
@@ -122,9 +137,24 @@ def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     port = _free_port()
     mlflow = str(Path(sys.executable).parent / "mlflow")
-    proc = _start([mlflow, "server", "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-                   "--artifacts-destination", str(root / "artifacts"), "--host", "127.0.0.1",
-                   "--port", str(port), "--workers", "1"],
-                  dict(os.environ), f"http://127.0.0.1:{port}/health", root / "server.log")
+    proc = _start(
+        [
+            mlflow,
+            "server",
+            "--backend-store-uri",
+            f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination",
+            str(root / "artifacts"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--workers",
+            "1",
+        ],
+        dict(os.environ),
+        f"http://127.0.0.1:{port}/health",
+        root / "server.log",
+    )
     yield f"http://127.0.0.1:{port}", root
     _stop(proc)

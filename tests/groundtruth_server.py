@@ -38,8 +38,9 @@ from typing import Any
 # Scenario schedules -----------------------------------------------------------------------
 
 
-def _chunk(content: str | None = None, *, role: str | None = None, finish: str | None = None,
-           **extra_delta: Any) -> dict[str, Any]:
+def _chunk(
+    content: str | None = None, *, role: str | None = None, finish: str | None = None, **extra_delta: Any
+) -> dict[str, Any]:
     delta: dict[str, Any] = {}
     if role is not None:
         delta["role"] = role
@@ -154,12 +155,19 @@ SCENARIOS: dict[str, list[tuple]] = {
     # vLLM's older in-stream error shape: {"object": "error", ...}
     "stream_error_vllm": [
         ("data", _chunk("partial")),
-        ("data", {"object": "error", "message": "engine dead", "type": "InternalServerError",
-                  "code": 500}),
+        ("data", {"object": "error", "message": "engine dead", "type": "InternalServerError", "code": 500}),
     ],
-    "http_401": [("status", 401, _error_body(
-        "Incorrect API key provided: sk-test-SECRET123456. Get one at example.com",
-        "invalid_request_error", 401))],
+    "http_401": [
+        (
+            "status",
+            401,
+            _error_body(
+                "Incorrect API key provided: sk-test-SECRET123456. Get one at example.com",
+                "invalid_request_error",
+                401,
+            ),
+        )
+    ],
     "http_403": [("status", 403, _error_body("no access to this model", "forbidden", 403))],
     "http_404": [("status", 404, _error_body("The model does not exist", "not_found", 404))],
     "http_429": [("status", 429, _error_body("Too many requests", "rate_limit", 429))],
@@ -278,8 +286,15 @@ def _http_chunk(data: bytes) -> bytes:
 
 async def _send_json(writer: asyncio.StreamWriter, status: int, body: Any) -> None:
     payload = json.dumps(body).encode()
-    reasons = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
-               404: "Not Found", 429: "Too Many Requests", 500: "Internal Server Error"}
+    reasons = {
+        200: "OK",
+        400: "Bad Request",
+        401: "Unauthorized",
+        403: "Forbidden",
+        404: "Not Found",
+        429: "Too Many Requests",
+        500: "Internal Server Error",
+    }
     headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
     if status == 429:
         headers["Retry-After"] = "2"
@@ -304,8 +319,12 @@ def _metrics_page(state: _State) -> str:
 
 async def _send_text(writer: asyncio.StreamWriter, text: str) -> None:
     payload = text.encode()
-    writer.write(_response_head(200, "OK", {
-        "Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(payload))}) + payload)
+    writer.write(
+        _response_head(
+            200, "OK", {"Content-Type": "text/plain; version=0.0.4", "Content-Length": str(len(payload))}
+        )
+        + payload
+    )
     await writer.drain()
 
 
@@ -315,11 +334,17 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _Stat
         _, code, body = steps[0]
         await _send_json(writer, code, body)
         return True
-    writer.write(_response_head(200, "OK", {
-        "Content-Type": "text/event-stream",
-        "Cache-Control": "no-cache",
-        "Transfer-Encoding": "chunked",
-    }))
+    writer.write(
+        _response_head(
+            200,
+            "OK",
+            {
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "Transfer-Encoding": "chunked",
+            },
+        )
+    )
     await writer.drain()
     for step in steps:
         kind = step[0]
@@ -373,16 +398,25 @@ _TICK_ROLE = f"data: {json.dumps(_chunk(role='assistant', content=''))}\n\n".enc
 _TICK_TEXT = [f"data: {json.dumps(_chunk(f' w{i}'))}\n\n".encode() for i in range(4096)]
 
 
-async def _stream_ticks(writer: asyncio.StreamWriter, spec: tuple[int, float, float],
-                        stamps: list[int]) -> None:
+async def _stream_ticks(
+    writer: asyncio.StreamWriter, spec: tuple[int, float, float], stamps: list[int]
+) -> None:
     """Play a ticks scenario on absolute deadlines; append each text chunk's send stamp."""
     n, gap_s, ttft_s = spec
     loop = asyncio.get_running_loop()
     start = loop.time()
-    writer.write(_response_head(200, "OK", {
-        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
-        "Transfer-Encoding": "chunked",
-    }) + _http_chunk(_TICK_ROLE))
+    writer.write(
+        _response_head(
+            200,
+            "OK",
+            {
+                "Content-Type": "text/event-stream",
+                "Cache-Control": "no-cache",
+                "Transfer-Encoding": "chunked",
+            },
+        )
+        + _http_chunk(_TICK_ROLE)
+    )
     perf = time.perf_counter_ns
     for i in range(n):
         delay = start + ttft_s + i * gap_s - loop.time()
@@ -414,8 +448,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             body = await reader.readexactly(length) if length else b""
 
             if method == "GET" and path.startswith("/stats"):
-                await _send_json(writer, 200, {
-                    "max_in_flight": state.max_in_flight, "requests": state.requests})
+                await _send_json(
+                    writer, 200, {"max_in_flight": state.max_in_flight, "requests": state.requests}
+                )
                 continue
             if method == "POST" and path.startswith("/reset"):
                 state.__init__()
@@ -450,8 +485,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             model = str(request.get("model", ""))
             steps = SCENARIOS.get(model) or _rendezvous(model)
             if steps is None:
-                await _send_json(writer, 404, _error_body(
-                    f"unknown model {request.get('model')!r}", "not_found", 404))
+                await _send_json(
+                    writer, 404, _error_body(f"unknown model {request.get('model')!r}", "not_found", 404)
+                )
                 continue
             with state.request_in_flight():
                 keep = await _stream(writer, steps, state)
@@ -466,8 +502,7 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
 
 async def _main(port: int) -> None:
     state = _State()
-    server = await asyncio.start_server(
-        lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=1024)
+    server = await asyncio.start_server(lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=1024)
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -493,8 +528,8 @@ class GroundTruthServer:
 
     def _call(self, method: str, path: str) -> Any:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", method=method,
-            data=b"" if method == "POST" else None)
+            f"http://127.0.0.1:{self.port}{path}", method=method, data=b"" if method == "POST" else None
+        )
         with urllib.request.urlopen(request, timeout=10) as response:
             return json.loads(response.read())
 
@@ -514,7 +549,10 @@ def serve() -> Iterator[GroundTruthServer]:
     """Start the server in a child process on a free port; stop it on exit."""
     process = subprocess.Popen(
         [sys.executable, os.path.abspath(__file__)],
-        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         line = process.stdout.readline() if process.stdout else ""
         if not line.startswith("PORT "):

@@ -23,7 +23,8 @@ def test_import_contracts_are_kept():
 def test_no_module_under_tasks_or_flows_is_over_about_400_lines():
     sizes = {
         str(path.relative_to(ROOT)): len(path.read_text(encoding="utf-8").splitlines())
-        for folder in ("tasks", "flows") for path in (ROOT / folder).rglob("*.py")
+        for folder in ("tasks", "flows")
+        for path in (ROOT / folder).rglob("*.py")
     }
     assert len(sizes) > 40
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}

@@ -16,7 +16,10 @@ BIN = Path(sys.executable).parent / "infermeter"
 
 def _run(args, env=None, timeout=300):
     return subprocess.run(
-        [str(BIN), *args], capture_output=True, text=True, timeout=timeout,
+        [str(BIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, **(env or {})},
     )
 
@@ -63,9 +66,7 @@ def test_no_track_json_has_null_run_id(tmp_path):
 
 
 def test_server_prints_base_url_serves_and_stops_on_sigterm():
-    proc = subprocess.Popen(
-        [str(BIN), "server"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-    )
+    proc = subprocess.Popen([str(BIN), "server"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         base_url = None
         deadline = time.monotonic() + 180

@@ -37,14 +37,32 @@ def test_changes_are_against_the_first_run(store):
 
 
 def _cli(args, uri):
-    return subprocess.run([str(BIN), "compare", *args], capture_output=True, text=True,
-                          env={**os.environ, "MLFLOW_TRACKING_URI": uri}, timeout=120)
+    return subprocess.run(
+        [str(BIN), "compare", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+        timeout=120,
+    )
 
 
 def test_cli_writes_csv_markdown_and_plot(store, tmp_path):
     uri, _, ids = store
-    out = _cli([*ids, "--experiment", "cmp", "--metrics", "ttft_ms_p50", "--csv", str(tmp_path / "t.csv"),
-                "--plot", str(tmp_path / "p.png"), "--markdown"], uri)
+    out = _cli(
+        [
+            *ids,
+            "--experiment",
+            "cmp",
+            "--metrics",
+            "ttft_ms_p50",
+            "--csv",
+            str(tmp_path / "t.csv"),
+            "--plot",
+            str(tmp_path / "p.png"),
+            "--markdown",
+        ],
+        uri,
+    )
     assert out.returncode == 0, out.stderr
     assert "| ttft_ms_p50 | ttft_ms_p50_change_pct |" in out.stdout
     table = pl.read_csv(tmp_path / "t.csv")
@@ -57,13 +75,27 @@ def test_cli_searches_the_experiment_oldest_first(store):
     uri, _, _ = store
     out = _cli(["--experiment", "cmp", "--markdown", "--metrics", "ttft_ms_p50"], uri)
     assert out.returncode == 0, out.stderr
-    body = [line for line in out.stdout.splitlines() if line.startswith("| ") and "run_id" not in line and "---" not in line]
+    body = [
+        line
+        for line in out.stdout.splitlines()
+        if line.startswith("| ") and "run_id" not in line and "---" not in line
+    ]
     assert [line.split("|")[2].strip() for line in body] == ["a", "b", "c"]
 
 
 def test_cli_unknown_metric_exits_2_naming_it(store):
     uri, _, _ = store
-    out = _cli(["--experiment", "cmp", "--filter", "attributes.status = 'FINISHED'", "--metrics", "ttft_ms_p50,foo_ms"], uri)
+    out = _cli(
+        [
+            "--experiment",
+            "cmp",
+            "--filter",
+            "attributes.status = 'FINISHED'",
+            "--metrics",
+            "ttft_ms_p50,foo_ms",
+        ],
+        uri,
+    )
     assert out.returncode == 2 and "foo_ms not logged" in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
 

@@ -68,7 +68,9 @@ def test_missing_file_and_bad_yaml(tmp_path):
 def test_regression_threshold_for_an_unknown_metric(tmp_path):
     with pytest.raises(ConfigError, match=r"regression\.thresholds_pct.*unknown metric 'ttft_p50'"):
         load_config(_write(tmp_path, "regression:\n  thresholds_pct: {ttft_p50: 15}\n"))
-    cfg = load_config(_write(tmp_path, "regression:\n  thresholds_pct: {ttft_ms_p99: 20, decode_tokens_per_s: -5}\n"))
+    cfg = load_config(
+        _write(tmp_path, "regression:\n  thresholds_pct: {ttft_ms_p99: 20, decode_tokens_per_s: -5}\n")
+    )
     assert cfg.regression.thresholds_pct == {"ttft_ms_p99": 20.0, "decode_tokens_per_s": -5.0}
 
 

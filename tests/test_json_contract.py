@@ -19,10 +19,34 @@ EXPECTED = json.loads((Path(__file__).parent / "data" / "json_keys.json").read_t
 
 COMMANDS = {
     "audit": ["audit", "--config", "configs/smoke.yaml"],
-    "stream": ["stream", "--max-concurrency", "1,2", "--num-requests", "2", "--max-tokens", "4",
-               "--warmup", "1", "--goodput", "ttft_ms:5000"],
-    "profile": ["profile", "--model", "arch:smollm2-135m", "--num-layers", "1", "--prompt-lengths",
-                "8", "--batch-sizes", "1,2", "--max-new-tokens", "2", "--repeats", "1"],
+    "stream": [
+        "stream",
+        "--max-concurrency",
+        "1,2",
+        "--num-requests",
+        "2",
+        "--max-tokens",
+        "4",
+        "--warmup",
+        "1",
+        "--goodput",
+        "ttft_ms:5000",
+    ],
+    "profile": [
+        "profile",
+        "--model",
+        "arch:smollm2-135m",
+        "--num-layers",
+        "1",
+        "--prompt-lengths",
+        "8",
+        "--batch-sizes",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--repeats",
+        "1",
+    ],
     "sweep": ["sweep", "--temperature", "0.0,1.0", "--samples", "2", "--max-tokens", "4"],
 }
 
@@ -31,10 +55,19 @@ COMMANDS = {
 @pytest.mark.parametrize("name", list(COMMANDS))
 def test_json_output_keys_are_unchanged(name, tmp_path, mlflow_store):
     out = tmp_path / f"{name}.json"
-    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-           "INFERMETER_WORK_DIR": str(tmp_path / "work")}
-    result = subprocess.run([str(BIN), *COMMANDS[name], "--json", str(out)], capture_output=True,
-                            text=True, timeout=900, env=env, cwd=Path(__file__).parents[1])
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "INFERMETER_WORK_DIR": str(tmp_path / "work"),
+    }
+    result = subprocess.run(
+        [str(BIN), *COMMANDS[name], "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=env,
+        cwd=Path(__file__).parents[1],
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
     got = key_paths(json.loads(out.read_text()))
     want = set(EXPECTED[name])

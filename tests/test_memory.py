@@ -25,8 +25,13 @@ from tasks.profile.memory import (
 from tasks.profile.memory_readings import RssSampler, cuda_peak_bytes, cuda_reset_peak
 
 TINY = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
 )
 
 

@@ -28,9 +28,17 @@ ROOT = Path(__file__).resolve().parents[1]
 # What tasks/report/regression.py accepted before the registry (its own sets, copied here).
 _OLD_STAT_METRICS = {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "decode_ms"}
 _OLD_SCALARS = {
-    "prefill_ms", "prefill_tokens_per_s", "decode_tokens_per_s", "output_tokens_per_s",
-    "requests_per_s", "goodput_requests_per_s", "error_rate", "weights_bytes",
-    "kv_cache_bytes", "peak_memory_bytes", "token_count_model_total",
+    "prefill_ms",
+    "prefill_tokens_per_s",
+    "decode_tokens_per_s",
+    "output_tokens_per_s",
+    "requests_per_s",
+    "goodput_requests_per_s",
+    "error_rate",
+    "weights_bytes",
+    "kv_cache_bytes",
+    "peak_memory_bytes",
+    "token_count_model_total",
 }
 
 
@@ -54,8 +62,15 @@ def test_is_known_metric_answers_as_before() -> None:
     for metric in metrics.REGISTRY:
         candidates.update(metric.logged_names())
         candidates.update(f"{metric.name}_{stat}" for stat in (*STAT_NAMES, "std", "p42"))
-    candidates.update({"token_count_cl100k_base_total", "errors_timeout", "server_vllm_x_p50",
-                       "ttft_ms_p99_extra", "decode_ms"})
+    candidates.update(
+        {
+            "token_count_cl100k_base_total",
+            "errors_timeout",
+            "server_vllm_x_p50",
+            "ttft_ms_p99_extra",
+            "decode_ms",
+        }
+    )
     for name in sorted(candidates):
         assert is_known_metric(name) == _old_is_known_metric(name), name
     assert is_known_metric("ttft_ms_p99") and is_known_metric("decode_ms_p50")
@@ -92,16 +107,33 @@ def test_names_and_orders_the_outputs_depend_on() -> None:
     assert STAT_NAMES == ("mean", "p50", "p90", "p95", "p99", "max")
     assert SLO_METRICS == ("ttft_ms", "tpot_ms", "e2e_ms", "itl_ms")
     assert headline("profile") == (
-        "prefill_ms", "prefill_tokens_per_s", "decode_ms_p50", "decode_tokens_per_s",
-        "weights_bytes", "kv_cache_bytes", "kv_cache_bytes_formula", "peak_memory_bytes",
+        "prefill_ms",
+        "prefill_tokens_per_s",
+        "decode_ms_p50",
+        "decode_tokens_per_s",
+        "weights_bytes",
+        "kv_cache_bytes",
+        "kv_cache_bytes_formula",
+        "peak_memory_bytes",
     )
     assert headline("stream") == (
-        "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "tpot_ms_mean", "e2e_ms_p50",
-        "output_tokens_per_s", "requests_per_s", "error_rate",
+        "ttft_ms_p50",
+        "ttft_ms_p99",
+        "itl_ms_p50",
+        "itl_ms_p99",
+        "tpot_ms_mean",
+        "e2e_ms_p50",
+        "output_tokens_per_s",
+        "requests_per_s",
+        "error_rate",
     )
     assert list(DEFAULT_THRESHOLDS_PCT.items()) == [
-        ("ttft_ms_p50", 15.0), ("tpot_ms_mean", 15.0), ("e2e_ms_p50", 15.0), ("prefill_ms", 15.0),
-        ("decode_tokens_per_s", -10.0), ("output_tokens_per_s", -10.0),
+        ("ttft_ms_p50", 15.0),
+        ("tpot_ms_mean", 15.0),
+        ("e2e_ms_p50", 15.0),
+        ("prefill_ms", 15.0),
+        ("decode_tokens_per_s", -10.0),
+        ("output_tokens_per_s", -10.0),
     ]
     for name, pct in DEFAULT_THRESHOLDS_PCT.items():
         assert is_known_metric(name)
@@ -140,14 +172,20 @@ def test_pipeline_headline_constants_come_from_the_registry() -> None:
 
 def _records() -> list[RequestRecord]:
     def ok(rid: str, ttft: float, e2e: float, tokens: int, itl: list[float]) -> RequestRecord:
-        return RequestRecord(request_id=rid, ttft_ms=ttft, e2e_ms=e2e, output_tokens=tokens,
-                             tpot_ms=(e2e - ttft) / (tokens - 1), itl_ms=itl,
-                             output_tokens_source="usage")
+        return RequestRecord(
+            request_id=rid,
+            ttft_ms=ttft,
+            e2e_ms=e2e,
+            output_tokens=tokens,
+            tpot_ms=(e2e - ttft) / (tokens - 1),
+            itl_ms=itl,
+            output_tokens_source="usage",
+        )
 
     return [
-        ok("r1", 100, 200, 3, [40, 60]), ok("r2", 300, 500, 5, [100, 100]),
-        RequestRecord("r3", ttft_ms=50, e2e_ms=50, output_tokens=1, error_class="timeout",
-                      error_message="t"),
+        ok("r1", 100, 200, 3, [40, 60]),
+        ok("r2", 300, 500, 5, [100, 100]),
+        RequestRecord("r3", ttft_ms=50, e2e_ms=50, output_tokens=1, error_class="timeout", error_message="t"),
         RequestRecord("r4", error_class="auth", error_message="401"),
     ]
 
@@ -161,11 +199,13 @@ def test_every_level_figure_is_registered() -> None:
     probe = LoopLagProbe()
     probe.lags_ms, probe.stamps_ns = [0.1, 0.5, 2.0], [1, 2, 3]
     level.update(probe.metrics(1.0))
-    vllm = ('vllm:time_to_first_token_seconds_bucket{le="0.1"} %s\n'
-            'vllm:time_to_first_token_seconds_bucket{le="+Inf"} %s\n'
-            "vllm:time_to_first_token_seconds_sum %s\nvllm:time_to_first_token_seconds_count %s\n"
-            "vllm:e2e_request_latency_seconds_sum %s\nvllm:e2e_request_latency_seconds_count %s\n"
-            'vllm:prompt_tokens_total{model="m"} %s\n')
+    vllm = (
+        'vllm:time_to_first_token_seconds_bucket{le="0.1"} %s\n'
+        'vllm:time_to_first_token_seconds_bucket{le="+Inf"} %s\n'
+        "vllm:time_to_first_token_seconds_sum %s\nvllm:time_to_first_token_seconds_count %s\n"
+        "vllm:e2e_request_latency_seconds_sum %s\nvllm:e2e_request_latency_seconds_count %s\n"
+        'vllm:prompt_tokens_total{model="m"} %s\n'
+    )
     before = prometheus.parse(vllm % (0, 0, 0, 0, 0, 0, 0))
     after = prometheus.parse(vllm % (1, 2, 0.3, 2, 0.8, 2, 30))
     level.update(prometheus.level_view(before, after))
@@ -194,17 +234,30 @@ def test_every_numeric_key_of_a_profile_point_is_registered() -> None:
     from tasks.profile.measure import profile_point
 
     torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-        num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
-    )).eval()
-    point = profile_point(model, prompt_ids=torch.randint(0, 64, (1, 4)), batch_size=1,
-                          max_new_tokens=2, repeats=1, warmup=0, device="cpu")
+    model = transformers.LlamaForCausalLM(
+        transformers.LlamaConfig(
+            vocab_size=64,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            max_position_embeddings=64,
+        )
+    ).eval()
+    point = profile_point(
+        model,
+        prompt_ids=torch.randint(0, 64, (1, 4)),
+        batch_size=1,
+        max_new_tokens=2,
+        repeats=1,
+        warmup=0,
+        device="cpu",
+    )
     row = point.to_dict() if hasattr(point, "to_dict") else point
     # what the profile stage logs per point: the numeric values (tasks.pipeline.common._scalars),
     # plus the runner's estimate and the per-step series
     numeric = [k for k, v in row.items() if isinstance(v, (int, float)) and not isinstance(v, bool)]
     assert "prefill_ms" in numeric and "decode_ms_p99" in numeric
-    names = [*numeric, "memory_estimate_bytes", "decode_step_ms", "profile_points",
-             "profile_failed_points"]
+    names = [*numeric, "memory_estimate_bytes", "decode_step_ms", "profile_points", "profile_failed_points"]
     assert not [name for name in names if not is_registered(name)]

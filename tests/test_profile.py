@@ -21,8 +21,13 @@ from tasks.profile.standalone import main
 from tasks.profile.timing import Timer, percentile, resolve_device
 
 TINY = dict(
-    vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-    num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+    vocab_size=256,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
 )
 LAYERS, KV_HEADS, HEAD_DIM, HIDDEN = 2, 2, 16, 64
 
@@ -49,8 +54,13 @@ def prompt(n: int, seed: int = 1) -> torch.Tensor:
 def run(model, n=8, batch=1, steps=4, repeats=2, warmup=1) -> dict:
     """The point as it leaves the package: PointMeasurement.to_dict()."""
     return profile_point(
-        model, prompt_ids=prompt(n), batch_size=batch, max_new_tokens=steps,
-        repeats=repeats, warmup=warmup, device="cpu",
+        model,
+        prompt_ids=prompt(n),
+        batch_size=batch,
+        max_new_tokens=steps,
+        repeats=repeats,
+        warmup=warmup,
+        device="cpu",
     ).to_dict()
 
 
@@ -122,12 +132,20 @@ def test_greedy_decode_is_deterministic_and_is_generates_greedy_path(model32):
     with torch.inference_mode():
         # T decode steps after the prefill make T + 1 new tokens
         out = model32.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False,
-            max_new_tokens=steps + 1, min_new_tokens=steps + 1, pad_token_id=0,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=steps + 1,
+            min_new_tokens=steps + 1,
+            pad_token_id=0,
         )
         shorter = model32.generate(
-            ids, attention_mask=torch.ones_like(ids), do_sample=False,
-            max_new_tokens=steps, min_new_tokens=steps, pad_token_id=0,
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=steps,
+            min_new_tokens=steps,
+            pad_token_id=0,
         )
     assert out[0, n:].tolist() == first["generated_token_ids"]
     assert out[1, n:].tolist() == first["generated_token_ids"]  # tiled rows decode alike
@@ -160,8 +178,7 @@ def test_prefill_and_decode_one_token_shapes(model32):
     ],
 )
 def test_point_rejects_bad_arguments(model32, kwargs):
-    args = dict(prompt_ids=prompt(4), batch_size=1, max_new_tokens=1, repeats=1, warmup=0,
-                device="cpu")
+    args = dict(prompt_ids=prompt(4), batch_size=1, max_new_tokens=1, repeats=1, warmup=0, device="cpu")
     with pytest.raises(ValueError):
         profile_point(model32, **{**args, **kwargs})
 
@@ -240,11 +257,32 @@ def test_cpu_timer_measures_spans_in_ms():
 
 
 def test_standalone_entry_point_prints_a_point(capsys):
-    code = main([
-        "--num-layers", "1", "--hidden", "64", "--heads", "4", "--kv-heads", "1", "--vocab", "128",
-        "--prompt-lengths", "12", "--max-new-tokens", "3", "--repeats", "1", "--warmup", "0",
-        "--dtype", "float32", "--device", "cpu",
-    ])
+    code = main(
+        [
+            "--num-layers",
+            "1",
+            "--hidden",
+            "64",
+            "--heads",
+            "4",
+            "--kv-heads",
+            "1",
+            "--vocab",
+            "128",
+            "--prompt-lengths",
+            "12",
+            "--max-new-tokens",
+            "3",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--dtype",
+            "float32",
+            "--device",
+            "cpu",
+        ]
+    )
     assert code == 0
     point = json.loads(capsys.readouterr().out)
     assert point["random_weights"] is True and point["model"] is None  # shape flags, no preset

@@ -43,11 +43,14 @@ GIB = 2**30
 # ---------------------------------------------------------------------------- presets
 
 
-@pytest.mark.parametrize("name,params,geometry,hidden,heads,dtype", [
-    ("smollm2-135m", 134_515_008, (30, 3, 64), 576, 9, "float32"),
-    ("llama-2-7b", 6_738_415_616, (32, 32, 128), 4096, 32, "bfloat16"),
-    ("llama-3-8b", 8_030_261_248, (32, 8, 128), 4096, 32, "bfloat16"),
-])
+@pytest.mark.parametrize(
+    "name,params,geometry,hidden,heads,dtype",
+    [
+        ("smollm2-135m", 134_515_008, (30, 3, 64), 576, 9, "float32"),
+        ("llama-2-7b", 6_738_415_616, (32, 32, 128), 4096, 32, "bfloat16"),
+        ("llama-3-8b", 8_030_261_248, (32, 8, 128), 4096, 32, "bfloat16"),
+    ],
+)
 def test_presets_have_the_public_shapes(name, params, geometry, hidden, heads, dtype):
     config = model_config(f"arch:{name}")
     assert parameter_count(config) == params  # the published parameter counts
@@ -91,18 +94,29 @@ def test_arch_tokenizer_makes_ids_inside_the_vocabulary():
 # ---------------------------------------------------------------------------- slices measured
 
 
-@pytest.mark.parametrize("name,layers,prompt", [
-    ("llama-2-7b", 2, 24),
-    ("llama-3-8b", 1, 24),
-    ("smollm2-135m", 3, 40),
-])
+@pytest.mark.parametrize(
+    "name,layers,prompt",
+    [
+        ("llama-2-7b", 2, 24),
+        ("llama-3-8b", 1, 24),
+        ("smollm2-135m", 3, 40),
+    ],
+)
 def test_preset_slice_kv_bytes_equal_the_formula_per_layer(name, layers, prompt):
     spec = f"arch:{name}"
     steps, batch = 2, 2
-    [row] = [r.to_dict() for r in run_sweep(
-        spec, [ProfilePoint(prompt, batch, default_dtype(spec))], max_new_tokens=steps, repeats=1,
-        warmup=0, device="cpu", num_layers=layers,
-    )]
+    [row] = [
+        r.to_dict()
+        for r in run_sweep(
+            spec,
+            [ProfilePoint(prompt, batch, default_dtype(spec))],
+            max_new_tokens=steps,
+            repeats=1,
+            warmup=0,
+            device="cpu",
+            num_layers=layers,
+        )
+    ]
     assert not row["failed"], row["error"]
     full = model_config(spec)
     full_layers, kv_heads, head_dim = kv_geometry(full)
@@ -130,17 +144,30 @@ def test_preset_slice_kv_bytes_equal_the_formula_per_layer(name, layers, prompt)
 
 def test_arch_path_to_a_config_json(tmp_path):
     config = {
-        "model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 2, "num_attention_heads": 8, "num_key_value_heads": 2,
+        "model_type": "llama",
+        "vocab_size": 300,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
         "max_position_embeddings": 128,
     }
     (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
     spec = f"arch:{tmp_path / 'config.json'}"
     assert resolve(f"arch:{tmp_path}").location == resolve(spec).location
     assert default_dtype(spec) == "float32"
-    [row] = [r.to_dict() for r in run_sweep(
-        spec, [ProfilePoint(20, 3, "float32")], max_new_tokens=4, repeats=1, warmup=0, device="cpu",
-    )]
+    [row] = [
+        r.to_dict()
+        for r in run_sweep(
+            spec,
+            [ProfilePoint(20, 3, "float32")],
+            max_new_tokens=4,
+            repeats=1,
+            warmup=0,
+            device="cpu",
+        )
+    ]
     assert row["kv_cache_bytes"] == kv_cache_bytes_formula(3, 24, 2, 2, 8, 4)
     assert row["kv_seed_formula_ratio"] == 4.0 and row["random_weights"] is True
     with pytest.raises(ValueError, match="context of 128"):
@@ -156,10 +183,17 @@ def smollm2():
 
 
 def test_smollm2_kv_bytes_equal_the_formula_and_shapes():
-    rows = [r.to_dict() for r in run_sweep(
-        "gguf:default", profile_points([16], [2], ["float32"], [0, 8]), max_new_tokens=3,
-        repeats=1, warmup=0, device="cpu",
-    )]
+    rows = [
+        r.to_dict()
+        for r in run_sweep(
+            "gguf:default",
+            profile_points([16], [2], ["float32"], [0, 8]),
+            max_new_tokens=3,
+            repeats=1,
+            warmup=0,
+            device="cpu",
+        )
+    ]
     assert [(r["batch_size"], r["prefill_chunk_size"]) for r in rows] == [(2, 0), (2, 8)]
     for row in rows:
         assert not row["failed"], row["error"]
@@ -200,14 +234,23 @@ def test_chunked_prefill_gives_the_same_logits(smollm2, chunk):
 def test_estimate_counts_weights_and_kv_exactly():
     config = model_config("arch:llama-2-7b")
     need = estimate_point_memory(
-        config, parameters=parameter_count(config), dtype_bytes=2, batch=1, prompt_tokens=4096,
+        config,
+        parameters=parameter_count(config),
+        dtype_bytes=2,
+        batch=1,
+        prompt_tokens=4096,
         max_new_tokens=0,
     )
     assert need.weights_bytes == 6_738_415_616 * 2
     assert need.kv_cache_bytes == 2 * GIB
     chunked = estimate_point_memory(
-        config, parameters=parameter_count(config), dtype_bytes=2, batch=1, prompt_tokens=4096,
-        max_new_tokens=0, prefill_chunk_size=256,
+        config,
+        parameters=parameter_count(config),
+        dtype_bytes=2,
+        batch=1,
+        prompt_tokens=4096,
+        max_new_tokens=0,
+        prefill_chunk_size=256,
     )
     assert chunked.activation_bytes < need.activation_bytes / 4  # chunking bounds activations
     with pytest.raises(MemoryNeedError) as info:
@@ -221,12 +264,20 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
     seen = []
     calls = iter([10**12, 10**12, 10**12, 1, 1, 10**12])  # load, pt, pt, pt, load, pt
 
-    rows = [r.to_dict() for r in run_sweep(
-        "arch:smollm2-135m", profile_points([8, 12], [1], ["float32", "bfloat16"]),
-        max_new_tokens=1, repeats=1, warmup=0, device="cpu", num_layers=1,
-        on_point=lambda i, total, row: seen.append((i, total, row.failed)),
-        available=lambda device: next(calls),
-    )]
+    rows = [
+        r.to_dict()
+        for r in run_sweep(
+            "arch:smollm2-135m",
+            profile_points([8, 12], [1], ["float32", "bfloat16"]),
+            max_new_tokens=1,
+            repeats=1,
+            warmup=0,
+            device="cpu",
+            num_layers=1,
+            on_point=lambda i, total, row: seen.append((i, total, row.failed)),
+            available=lambda device: next(calls),
+        )
+    ]
     assert [s[:2] for s in seen] == [(0, 4), (1, 4), (2, 4), (3, 4)]
     assert [r["failed"] for r in rows] == [False, False, True, True]
     assert rows[2]["error"].startswith("MemoryNeedError: model arch:smollm2-135m in bfloat16: needs")
@@ -235,10 +286,19 @@ def test_points_that_do_not_fit_fail_and_the_sweep_goes_on():
 
 def test_a_point_that_fails_in_the_middle_is_recorded():
     calls = iter([10**12, 1, 10**12])
-    rows = [r.to_dict() for r in run_sweep(
-        "arch:smollm2-135m", profile_points([8, 12], [1], ["float32"]), max_new_tokens=1,
-        repeats=1, warmup=0, device="cpu", num_layers=1, available=lambda device: next(calls),
-    )]
+    rows = [
+        r.to_dict()
+        for r in run_sweep(
+            "arch:smollm2-135m",
+            profile_points([8, 12], [1], ["float32"]),
+            max_new_tokens=1,
+            repeats=1,
+            warmup=0,
+            device="cpu",
+            num_layers=1,
+            available=lambda device: next(calls),
+        )
+    ]
     assert [r["failed"] for r in rows] == [True, False]
     assert rows[0]["error"].startswith("MemoryNeedError: N=8 B=1 float32: needs about")
 
@@ -268,13 +328,20 @@ def test_check_request_refuses_bad_input():
 
 def test_plots_are_written_for_successful_points(tmp_path):
     results = run_sweep(
-        "arch:smollm2-135m", profile_points([8, 16], [1], ["float32"], [0, 4]), max_new_tokens=2,
-        repeats=1, warmup=0, device="cpu", num_layers=1,
+        "arch:smollm2-135m",
+        profile_points([8, 16], [1], ["float32"], [0, 4]),
+        max_new_tokens=2,
+        repeats=1,
+        warmup=0,
+        device="cpu",
+        num_layers=1,
     )
     paths = write_profile_plots(results, tmp_path)
     assert [p.name for p in paths] == [
-        "prefill_ms_vs_prompt_length.png", "decode_ms_vs_context_position.png",
-        "memory_vs_sequence_length.png", "ttft_vs_prefill_chunk_size.png",
+        "prefill_ms_vs_prompt_length.png",
+        "decode_ms_vs_context_position.png",
+        "memory_vs_sequence_length.png",
+        "ttft_vs_prefill_chunk_size.png",
     ]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in paths)
     failed = replace(results[0], error="RuntimeError: forced")

@@ -53,28 +53,53 @@ def test_child_points_match_in_process_ones_and_a_killed_child_is_recorded():
     # points to children; they come first in the points but run after the in-process N=8 ones.
     points = profile_points([16, 8], [2], ["float32"], [0], [2, 3])
     config = model_config(SPEC, num_layers=1)
-    need = {p: estimate_point_memory(
-        config, parameters=parameter_count(config), dtype_bytes=4, batch=2,
-        prompt_tokens=p.prompt_tokens, max_new_tokens=p.max_new_tokens,
-    ).total_bytes for p in points}
+    need = {
+        p: estimate_point_memory(
+            config,
+            parameters=parameter_count(config),
+            dtype_bytes=4,
+            batch=2,
+            prompt_tokens=p.prompt_tokens,
+            max_new_tokens=p.max_new_tokens,
+        ).total_bytes
+        for p in points
+    }
     free = 10**12
     threshold = (need[points[3]] + need[points[0]]) / 2 / free
     assert max(need[p] for p in points[2:]) < threshold * free < min(need[p] for p in points[:2])
-    [reference] = [r.to_dict() for r in run_sweep(
-        SPEC, points[1:2], repeats=1, warmup=0, device="cpu", num_layers=1,
-    )]
+    [reference] = [
+        r.to_dict()
+        for r in run_sweep(
+            SPEC,
+            points[1:2],
+            repeats=1,
+            warmup=0,
+            device="cpu",
+            num_layers=1,
+        )
+    ]
     assert not reference["failed"] and reference["child_process"] is False
 
     seen: list[tuple[int, int, int]] = []
     killer = KillFirstSpawnedChild()
     killer.start()
     try:
-        rows = [r.to_dict() for r in run_sweep(
-            SPEC, points, repeats=1, warmup=0, device="cpu", num_layers=1,
-            available=lambda device: free, child_fraction=threshold,
-            on_point=lambda i, n, row: seen.append(
-                (i, row.point.prompt_tokens, row.point.max_new_tokens)),
-        )]
+        rows = [
+            r.to_dict()
+            for r in run_sweep(
+                SPEC,
+                points,
+                repeats=1,
+                warmup=0,
+                device="cpu",
+                num_layers=1,
+                available=lambda device: free,
+                child_fraction=threshold,
+                on_point=lambda i, n, row: seen.append(
+                    (i, row.point.prompt_tokens, row.point.max_new_tokens)
+                ),
+            )
+        ]
     finally:
         killer.stop.set()
         killer.join(5)
@@ -98,9 +123,19 @@ def test_child_points_match_in_process_ones_and_a_killed_child_is_recorded():
     # the sweep went on: the next point ran in its own child, and equals the in-process run
     assert not child["failed"], child["error"]
     assert set(child) == set(reference)
-    for key in ("input_ids_shape", "last_hidden_state_shape", "embedding_shape", "kv_cache_bytes",
-                "kv_cache_bytes_formula", "kv_cache_positions", "generated_token_ids", "weights_bytes",
-                "memory_estimate_bytes", "num_layers", "dtype"):
+    for key in (
+        "input_ids_shape",
+        "last_hidden_state_shape",
+        "embedding_shape",
+        "kv_cache_bytes",
+        "kv_cache_bytes_formula",
+        "kv_cache_positions",
+        "generated_token_ids",
+        "weights_bytes",
+        "memory_estimate_bytes",
+        "num_layers",
+        "dtype",
+    ):
         assert child[key] == reference[key], key
     assert child["kv_cache_bytes"] == kv_cache_bytes_formula(2, 16 + 3, 1, 3, 64, 4)
     assert child["last_hidden_state_shape"] == [2, 16, 576]
@@ -113,11 +148,21 @@ def test_child_points_match_in_process_ones_and_a_killed_child_is_recorded():
 
 def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
     """A folder with a config but no tokenizer: loading fails, in a child as in this process."""
-    (tmp_path / "config.json").write_text(json.dumps({
-        "model_type": "llama", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 128,
-        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2,
-        "max_position_embeddings": 128,
-    }), encoding="utf-8")
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "vocab_size": 300,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 1,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "max_position_embeddings": 128,
+            }
+        ),
+        encoding="utf-8",
+    )
     spec = f"hf:{tmp_path}"
     args = dict(max_new_tokens=2, repeats=1, warmup=0, device="cpu")
     points = profile_points([8], [1], ["float32"])
@@ -131,10 +176,19 @@ def test_an_exception_in_a_child_is_recorded_like_one_in_process(tmp_path):
 
 def test_a_point_that_cannot_fit_even_alone_fails_before_a_child_starts():
     readings = iter([10**12, 1])  # the dtype's reading routes it to a child; then 1 byte free
-    [row] = [r.to_dict() for r in run_sweep(
-        SPEC, profile_points([8], [1], ["float32"], [0], 2), repeats=1, warmup=0, device="cpu",
-        num_layers=1, available=lambda device: next(readings), child_fraction=0.0,
-    )]
+    [row] = [
+        r.to_dict()
+        for r in run_sweep(
+            SPEC,
+            profile_points([8], [1], ["float32"], [0], 2),
+            repeats=1,
+            warmup=0,
+            device="cpu",
+            num_layers=1,
+            available=lambda device: next(readings),
+            child_fraction=0.0,
+        )
+    ]
     assert row["failed"] and row["child_process"] is False
     assert row["error"].startswith("MemoryNeedError: N=8 B=1 float32: needs about")
     assert "weights" in row["error"]  # the child would load its own copy: weights count

@@ -17,9 +17,16 @@ BIN = Path(sys.executable).parent / "infermeter"
 
 def _run(args, tmp_path, env=None, timeout=600):
     return subprocess.run(
-        [str(BIN), "profile", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-             "INFERMETER_WORK_DIR": str(tmp_path / "work"), **(env or {})},
+        [str(BIN), "profile", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "INFERMETER_WORK_DIR": str(tmp_path / "work"),
+            **(env or {}),
+        },
     )
 
 
@@ -31,26 +38,29 @@ def _one_line_exit_2(result, *needles):
         assert needle in lines[0], lines[0]
 
 
-@pytest.mark.parametrize("args,needles", [
-    (["--model", "arch:llama-9b"], ["llama-9b", "smollm2-135m", "llama-2-7b", "llama-3-8b"]),
-    (["--model", "gguf:/no/such.gguf"], ["--model", "not found"]),
-    (["--model", "hf:/"], ["--model", "cannot read its config"]),
-    (["--model", "arch:smollm2-135m", "--dtypes", "float8"], ["dtypes"]),
-    (["--model", "arch:llama-2-7b", "--prompt-lengths", "64,5000"], ["5000", "context of 4096"]),
-    (["--model", "arch:smollm2-135m", "--prefill-chunk-sizes", "-4"], ["prefill_chunk_sizes"]),
-    (["--model", "arch:smollm2-135m", "--device", "tpu"], ["--device", "auto, cpu, cuda"]),
-    (["--model", "arch:llama-2-7b", "--prompt-lengths", "4000", "--max-new-tokens", "8,200"],
-     ["max_new_tokens 200", "context of 4096"]),  # the largest value is checked
-    (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["max_new_tokens"]),
-    (["--model", "hf:/no/such/folder"], ["--model", "no such folder"]),
-])
+@pytest.mark.parametrize(
+    "args,needles",
+    [
+        (["--model", "arch:llama-9b"], ["llama-9b", "smollm2-135m", "llama-2-7b", "llama-3-8b"]),
+        (["--model", "gguf:/no/such.gguf"], ["--model", "not found"]),
+        (["--model", "hf:/"], ["--model", "cannot read its config"]),
+        (["--model", "arch:smollm2-135m", "--dtypes", "float8"], ["dtypes"]),
+        (["--model", "arch:llama-2-7b", "--prompt-lengths", "64,5000"], ["5000", "context of 4096"]),
+        (["--model", "arch:smollm2-135m", "--prefill-chunk-sizes", "-4"], ["prefill_chunk_sizes"]),
+        (["--model", "arch:smollm2-135m", "--device", "tpu"], ["--device", "auto, cpu, cuda"]),
+        (
+            ["--model", "arch:llama-2-7b", "--prompt-lengths", "4000", "--max-new-tokens", "8,200"],
+            ["max_new_tokens 200", "context of 4096"],
+        ),  # the largest value is checked
+        (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["max_new_tokens"]),
+        (["--model", "hf:/no/such/folder"], ["--model", "no such folder"]),
+    ],
+)
 def test_bad_input_exits_2_with_one_line(tmp_path, args, needles):
     _one_line_exit_2(_run(args, tmp_path, timeout=120), *needles)
 
 
-@pytest.mark.skipif(
-    __import__("torch").cuda.is_available(), reason="checks the no-CUDA message"
-)
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the no-CUDA message")
 def test_cuda_without_a_gpu_exits_2(tmp_path):
     _one_line_exit_2(_run(["--model", "arch:smollm2-135m", "--device", "cuda"], tmp_path), "cuda")
 
@@ -59,18 +69,41 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
     from mlflow.tracking import MlflowClient
 
     out = tmp_path / "out.json"
-    result = _run([
-        "--model", "arch:smollm2-135m", "--num-layers", "1", "--prompt-lengths", "16",
-        "--batch-sizes", "2", "--dtypes", "float32,bfloat16", "--prefill-chunk-sizes", "0,8",
-        "--max-new-tokens", "2,3", "--repeats", "1", "--warmup", "0", "--json", str(out),
-    ], tmp_path)
+    result = _run(
+        [
+            "--model",
+            "arch:smollm2-135m",
+            "--num-layers",
+            "1",
+            "--prompt-lengths",
+            "16",
+            "--batch-sizes",
+            "2",
+            "--dtypes",
+            "float32,bfloat16",
+            "--prefill-chunk-sizes",
+            "0,8",
+            "--max-new-tokens",
+            "2,3",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(data) == {"points", "mlflow_run_id"}
     points = data["points"]
     assert len(points) == 2 * 2 * 2 and not any(p["failed"] for p in points)
     assert {(p["dtype"], p["prefill_chunk_size"]) for p in points} == {
-        ("float32", 0), ("float32", 8), ("bfloat16", 0), ("bfloat16", 8)
+        ("float32", 0),
+        ("float32", 8),
+        ("bfloat16", 0),
+        ("bfloat16", 8),
     }
     assert sorted(p["max_new_tokens"] for p in points) == [2, 2, 2, 2, 3, 3, 3, 3]
     for p in points:  # every point keeps its own max_new_tokens
@@ -95,12 +128,15 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
     assert {c.data.params["max_new_tokens"] for c in children} == {"2", "3"}
     assert {c.data.tags["child_process"] for c in children} == {"False"}  # all fit in-process
     assert {c.data.tags["mlflow.runName"] for c in children} >= {
-        "profile N=16 B=2 float32 T=2", "profile N=16 B=2 bfloat16 chunk=8 T=3",
+        "profile N=16 B=2 float32 T=2",
+        "profile N=16 B=2 bfloat16 chunk=8 T=3",
     }
     plots = {a.path for a in client.list_artifacts(stage.info.run_id, "plots")}
     assert plots == {
-        "plots/prefill_ms_vs_prompt_length.png", "plots/decode_ms_vs_context_position.png",
-        "plots/memory_vs_sequence_length.png", "plots/ttft_vs_prefill_chunk_size.png",
+        "plots/prefill_ms_vs_prompt_length.png",
+        "plots/decode_ms_vs_context_position.png",
+        "plots/memory_vs_sequence_length.png",
+        "plots/ttft_vs_prefill_chunk_size.png",
     }
 
 
@@ -108,11 +144,26 @@ def test_a_point_over_the_memory_exits_1_and_keeps_the_others(tmp_path):
     """Llama-3-8B in float32 needs about 32 GB: refused before allocating; bfloat16 of a
     1-layer slice runs."""
     out = tmp_path / "out.json"
-    result = _run([
-        "--model", "arch:llama-3-8b", "--prompt-lengths", "8", "--dtypes", "float32",
-        "--max-new-tokens", "1", "--repeats", "1", "--warmup", "0", "--no-track",
-        "--json", str(out),
-    ], tmp_path)
+    result = _run(
+        [
+            "--model",
+            "arch:llama-3-8b",
+            "--prompt-lengths",
+            "8",
+            "--dtypes",
+            "float32",
+            "--max-new-tokens",
+            "1",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-track",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+    )
     total = psutil.virtual_memory().total
     if total > 40 * 2**30:
         pytest.skip("this machine has room for Llama-3-8B in float32")
@@ -143,10 +194,25 @@ LLAMA2_7B_BF16_NEED = 14 * 2**30  # 13.5 GB of weights, plus KV, activations, th
 )
 def test_llama_2_7b_shape_in_bfloat16(tmp_path):
     out = tmp_path / "out.json"
-    result = _run([
-        "--model", "arch:llama-2-7b", "--prompt-lengths", "64", "--max-new-tokens", "2",
-        "--repeats", "1", "--warmup", "0", "--no-track", "--json", str(out),
-    ], tmp_path, timeout=900)
+    result = _run(
+        [
+            "--model",
+            "arch:llama-2-7b",
+            "--prompt-lengths",
+            "64",
+            "--max-new-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--no-track",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     [point] = json.loads(out.read_text())["points"]
     assert point["dtype"] == "bfloat16"  # the preset's default

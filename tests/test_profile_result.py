@@ -59,11 +59,24 @@ def test_the_typed_fields_carry_the_row(results):
     assert isinstance(m, PointMeasurement) and m.gpu_metrics is None  # CPU: no NVML keys
     row = ran.to_dict()
     assert (m.prefill_ms, m.decode_ms_p50, m.kv_cache_bytes) == (
-        row["prefill_ms"], row["decode_ms_p50"], row["kv_cache_bytes"])
+        row["prefill_ms"],
+        row["decode_ms_p50"],
+        row["kv_cache_bytes"],
+    )
     assert list(m.decode_ms) == row["decode_ms"] and isinstance(m.decode_ms, tuple)
-    assert ran.parameters() == {k: row[k] for k in (
-        "model", "prompt_tokens", "batch_size", "dtype", "prefill_chunk_size", "max_new_tokens",
-        "device", "random_weights")}
+    assert ran.parameters() == {
+        k: row[k]
+        for k in (
+            "model",
+            "prompt_tokens",
+            "batch_size",
+            "dtype",
+            "prefill_chunk_size",
+            "max_new_tokens",
+            "device",
+            "random_weights",
+        )
+    }
     with pytest.raises(dataclasses.FrozenInstanceError):
         m.prefill_ms = 0.0
     with pytest.raises(dataclasses.FrozenInstanceError):
@@ -74,7 +87,8 @@ def test_cuda_gpu_keys_sit_between_the_bandwidth_and_the_device(results):
     """On CUDA the dict-returning code spread all six NVML keys (None where unread) right after
     decode_bandwidth_gb_per_s; a typed point with GpuMetrics gives the same row."""
     m = dataclasses.replace(
-        results[0].measurement, gpu_metrics=GpuMetrics.from_readings({"gpu_power_w_mean": 250.0}),
+        results[0].measurement,
+        gpu_metrics=GpuMetrics.from_readings({"gpu_power_w_mean": 250.0}),
     )
     keys = list(m.to_dict())
     cpu_keys = list(results[0].measurement.to_dict())

@@ -63,7 +63,9 @@ def test_baseline_is_the_median_of_the_same_endpoint_and_model(tmp_path):
 
     run = MlflowClient(tracking_uri=tracker.tracking_uri).get_run(current)
     assert run.data.tags["regression"] == "true"
-    assert "regression.md" in [a.path for a in MlflowClient(tracking_uri=tracker.tracking_uri).list_artifacts(current)]
+    assert "regression.md" in [
+        a.path for a in MlflowClient(tracking_uri=tracker.tracking_uri).list_artifacts(current)
+    ]
 
 
 def test_named_baseline_that_does_not_exist(tmp_path):

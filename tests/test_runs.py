@@ -30,10 +30,17 @@ def _parent(uri: str, outcome: str):
     return client, run
 
 
-@pytest.mark.parametrize(("outcome", "status", "error"), [
-    ("ok", "FINISHED", None), ("error", "FAILED", "stage broke"), ("raise", "FAILED", "RuntimeError: boom"),
-])
-def test_parent_run_ends_with_the_flows_outcome(mlflow_store, prefect_server, workdir, outcome, status, error):
+@pytest.mark.parametrize(
+    ("outcome", "status", "error"),
+    [
+        ("ok", "FINISHED", None),
+        ("error", "FAILED", "stage broke"),
+        ("raise", "FAILED", "RuntimeError: boom"),
+    ],
+)
+def test_parent_run_ends_with_the_flows_outcome(
+    mlflow_store, prefect_server, workdir, outcome, status, error
+):
     state = _flow(outcome, return_state=True)
     assert state.is_failed() == (outcome == "raise")
     client, run = _parent(mlflow_store[1], outcome)

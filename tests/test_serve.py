@@ -22,8 +22,12 @@ def _api(base, path, body=None, retries=5):
     it for retryable errors such as a locked SQLite database on a busy machine."""
     data = None if body is None else json.dumps(body).encode()
     for attempt in range(retries + 1):
-        request = urllib.request.Request(f"{base}{path}", data=data, method="POST" if data else "GET",
-                                         headers={"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            f"{base}{path}",
+            data=data,
+            method="POST" if data else "GET",
+            headers={"Content-Type": "application/json"},
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 return json.load(response)
@@ -36,12 +40,21 @@ def _api(base, path, body=None, retries=5):
 @pytest.fixture(scope="module")
 def served(prefect_api, mlflow_server, tmp_path_factory):
     logs = tmp_path_factory.mktemp("serve")
-    env = {**os.environ, "PREFECT_API_URL": prefect_api, "MLFLOW_TRACKING_URI": mlflow_server[0],
-           "INFERMETER_WORK_DIR": str(logs / "work")}
+    env = {
+        **os.environ,
+        "PREFECT_API_URL": prefect_api,
+        "MLFLOW_TRACKING_URI": mlflow_server[0],
+        "INFERMETER_WORK_DIR": str(logs / "work"),
+    }
     log = open(logs / "serve.log", "wb")
-    proc = subprocess.Popen([str(BIN), "serve", "--config", "configs/smoke.yaml", "--cron", "0 3 * * *"], env=env,
-                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=Path(__file__).resolve().parent.parent)
+    proc = subprocess.Popen(
+        [str(BIN), "serve", "--config", "configs/smoke.yaml", "--cron", "0 3 * * *"],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+        cwd=Path(__file__).resolve().parent.parent,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
@@ -91,13 +104,23 @@ def test_sweep_run_with_overridden_parameters_lands_in_mlflow(served):
     assert "config" in deployment["parameter_openapi_schema"]["properties"]
     config = {
         "name": "served-sweep",
-        "sweep": {"prompt": "Name a colour.", "temperature": [0.0], "top_p": [1.0, 0.5],
-                  "samples": 2, "max_tokens": 4, "seed": 7},
+        "sweep": {
+            "prompt": "Name a colour.",
+            "temperature": [0.0],
+            "top_p": [1.0, 0.5],
+            "samples": 2,
+            "max_tokens": 4,
+            "seed": 7,
+        },
         "tracking": {"experiment": "served"},
     }
-    flow_run = _api(api, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"config": config}})
+    flow_run = _api(
+        api, f"/deployments/{deployment['id']}/create_flow_run", {"parameters": {"config": config}}
+    )
     state = _wait_for(api, flow_run["id"], logs)
-    assert state == "COMPLETED", state if state.startswith("TIMEOUT") else (logs / "serve.log").read_text()[-4000:]
+    assert state == "COMPLETED", (
+        state if state.startswith("TIMEOUT") else (logs / "serve.log").read_text()[-4000:]
+    )
     client = MlflowClient(tracking_uri=tracking_uri)
     experiment = client.get_experiment_by_name("served")
     parents = client.search_runs([experiment.experiment_id], filter_string="tags.flow = 'sweep'")
@@ -118,21 +141,35 @@ SCREENSHOTS = Path(__file__).resolve().parent.parent / "out" / "screenshots"
 
 def _browse(url: str, tmp_path: Path, screenshot: Path | None = None) -> str:
     """Headless Chromium: the DOM of `url` after 8 s of virtual time (and a screenshot)."""
-    flags = [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", "--no-first-run",
-             "--virtual-time-budget=8000", "--window-size=1400,1000"]
+    flags = [
+        CHROMIUM,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--virtual-time-budget=8000",
+        "--window-size=1400,1000",
+    ]
     profile = tmp_path / f"chrome-{len(list(tmp_path.iterdir()))}"
-    dom = subprocess.run([*flags, f"--user-data-dir={profile}", "--dump-dom", url],
-                         capture_output=True, text=True, timeout=120).stdout
+    dom = subprocess.run(
+        [*flags, f"--user-data-dir={profile}", "--dump-dom", url], capture_output=True, text=True, timeout=120
+    ).stdout
     if screenshot is not None:
         screenshot.parent.mkdir(parents=True, exist_ok=True)
-        subprocess.run([*flags, f"--user-data-dir={profile}-shot", f"--screenshot={screenshot}", url],
-                       capture_output=True, timeout=120)
+        subprocess.run(
+            [*flags, f"--user-data-dir={profile}-shot", f"--screenshot={screenshot}", url],
+            capture_output=True,
+            timeout=120,
+        )
     return dom
 
 
-@pytest.mark.skipif(not Path(CHROMIUM).exists(),
-                    reason="needs Debian's chromium: apt-get install -y chromium (.ci/run does)")
+@pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason="needs Debian's chromium: apt-get install -y chromium (.ci/run does)"
+)
 def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
     from mlflow.tracking import MlflowClient
 
@@ -145,14 +182,20 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
         tracker = Tracker("served", tracking_uri)
         tracker.end_run(tracker.start_run("served-sweep"))
         experiment = client.get_experiment_by_name("served")
-    dom = _browse(f"{tracking_uri}/#/experiments/{experiment.experiment_id}/runs", tmp_path,
-                  SCREENSHOTS / "mlflow_experiment.png")
+    dom = _browse(
+        f"{tracking_uri}/#/experiments/{experiment.experiment_id}/runs",
+        tmp_path,
+        SCREENSHOTS / "mlflow_experiment.png",
+    )
     assert "served-sweep" in dom
 
     deployment = _api(api, "/deployments/name/sweep/sweep")
     ui = api.removesuffix("/api")
-    dom = _browse(f"{ui}/deployments/deployment/{deployment['id']}/run", tmp_path,
-                  SCREENSHOTS / "prefect_deployment_form.png")
+    dom = _browse(
+        f"{ui}/deployments/deployment/{deployment['id']}/run",
+        tmp_path,
+        SCREENSHOTS / "prefect_deployment_form.png",
+    )
     for field in ("temperature", "top p", "samples", "seed", "max tokens"):
         assert field in dom.lower(), f"form field {field} not rendered"
     assert (SCREENSHOTS / "prefect_deployment_form.png").stat().st_size > 10_000

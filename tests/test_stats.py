@@ -22,9 +22,7 @@ from tasks.stream.records import RequestRecord
 def test_summarize_hand_computed() -> None:
     # numpy 'linear': h = (n-1) q/100; [1,2,3,4]: p50 h=1.5 -> 2.5, p90 h=2.7 -> 3.7
     stats = summarize([4, 1, 3, 2])
-    assert stats == pytest.approx(
-        {"mean": 2.5, "p50": 2.5, "p90": 3.7, "p95": 3.85, "p99": 3.97, "max": 4.0}
-    )
+    assert stats == pytest.approx({"mean": 2.5, "p50": 2.5, "p90": 3.7, "p95": 3.85, "p99": 3.97, "max": 4.0})
     assert list(stats) == list(STAT_NAMES)
 
 
@@ -60,8 +58,14 @@ def test_flatten_stats_names() -> None:
 def _ok(rid: str, ttft: float, e2e: float, tokens: int, itl: list[float], **kw) -> RequestRecord:
     tpot = (e2e - ttft) / (tokens - 1) if tokens >= 2 else None
     return RequestRecord(
-        request_id=rid, ttft_ms=ttft, e2e_ms=e2e, output_tokens=tokens, tpot_ms=tpot,
-        itl_ms=itl, output_tokens_source="usage", **kw,
+        request_id=rid,
+        ttft_ms=ttft,
+        e2e_ms=e2e,
+        output_tokens=tokens,
+        tpot_ms=tpot,
+        itl_ms=itl,
+        output_tokens_source="usage",
+        **kw,
     )
 
 
@@ -71,8 +75,7 @@ def _level_records() -> list[RequestRecord]:
         _ok("r2", 300, 500, 5, [100, 100]),  # tpot 50
         _ok("r3", 200, 260, 4, [30, 30]),  # tpot 20
         # a timed-out request that had produced a token: excluded from latency stats
-        RequestRecord("r4", ttft_ms=50, e2e_ms=50, output_tokens=1, error_class="timeout",
-                      error_message="t"),
+        RequestRecord("r4", ttft_ms=50, e2e_ms=50, output_tokens=1, error_class="timeout", error_message="t"),
         RequestRecord("r5", error_class="auth", error_message="401"),
         _ok("w1", 1000, 2000, 10, [500, 500], warmup=True),  # warm-up: excluded entirely
         _ok("r7", 80, 80, 1, []),  # one token: tpot None
@@ -121,7 +124,11 @@ def test_goodput() -> None:
     # itl SLO: every gap <= limit; r1 (max 60) and r3 pass, r2 (100) fails, r7 (no gap) fails
     by_id = {r.request_id: r for r in records}
     assert [meets_slos(by_id[i], {"itl_ms": 60}) for i in ("r1", "r2", "r3", "r7")] == [
-        True, False, True, False]
+        True,
+        False,
+        True,
+        False,
+    ]
     # a failed request never meets an SLO, even with good numbers
     assert not meets_slos(by_id["r4"], {"ttft_ms": 1000})
     with pytest.raises(ValueError, match="unknown SLO"):
@@ -154,16 +161,21 @@ def test_aggregate_accepts_json_dicts() -> None:
 
 def test_short_outputs_trust_usage_but_not_a_re_tokenized_count_alone() -> None:
     def rec(tokens, source, chunks, error=None):
-        return RequestRecord("r", ttft_ms=5.0, output_tokens=tokens, output_tokens_source=source,
-                             token_offsets_ms=[float(i) for i in range(chunks)], error_class=error)
+        return RequestRecord(
+            "r",
+            ttft_ms=5.0,
+            output_tokens=tokens,
+            output_tokens_source=source,
+            token_offsets_ms=[float(i) for i in range(chunks)],
+            error_class=error,
+        )
 
     records = [
-        rec(24, "usage", 24),            # full
-        rec(23, "usage", 24),            # the server says 23: short
-        rec(23, "tokenizer", 24),        # 24 chunks re-tokenized to 23 (merge): not short
-        rec(7, "tokenizer", 7),          # stopped early: short
+        rec(24, "usage", 24),  # full
+        rec(23, "usage", 24),  # the server says 23: short
+        rec(23, "tokenizer", 24),  # 24 chunks re-tokenized to 23 (merge): not short
+        rec(7, "tokenizer", 7),  # stopped early: short
         rec(3, "tokenizer", 3, "server"),  # failed: not counted
     ]
     assert count_short_outputs(records, 24) == 2
     assert count_short_outputs(records, 7) == 0
-

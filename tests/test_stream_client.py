@@ -58,18 +58,31 @@ def transport(request) -> str:
     return request.param
 
 
-def measure(base_url: str, model: str, *, timeout_s: float = 10.0, warm: bool = True,
-            transport: str = "aiohttp", **kwargs) -> RequestRecord:
+def measure(
+    base_url: str,
+    model: str,
+    *,
+    timeout_s: float = 10.0,
+    warm: bool = True,
+    transport: str = "aiohttp",
+    **kwargs,
+) -> RequestRecord:
     """One request with a fresh client, after one warm-up request on the same connection."""
 
     async def main() -> RequestRecord:
         client = make_client(base_url, SECRET, timeout_s, 1, transport)
         try:
             if warm:
-                await stream_chat(client, model="single", prompt="w", max_tokens=4,
-                                  count_tokens=words, request_id="warm")
-            options = {"prompt": "hi", "max_tokens": 16, "count_tokens": words,
-                       "request_id": f"req-{model}", **kwargs}
+                await stream_chat(
+                    client, model="single", prompt="w", max_tokens=4, count_tokens=words, request_id="warm"
+                )
+            options = {
+                "prompt": "hi",
+                "max_tokens": 16,
+                "count_tokens": words,
+                "request_id": f"req-{model}",
+                **kwargs,
+            }
             return await stream_chat(client, model=model, **options)
         finally:
             await client.close()
@@ -126,8 +139,9 @@ def test_chunk_timing_real_values() -> None:
     assert one_chunk.tpot_ms is None  # the decode is invisible, not 0 ms
     assert chunk_timing(send, [send + 1_000_000, send + 2_000_000], 1).tpot_ms is None
     assert chunk_timing(send, [send + 1_000_000, send + 2_000_000]).tpot_ms is None  # no count
-    assert chunk_timing(send, []) == ChunkTiming(token_offsets_ms=(), ttft_ms=None, itl_ms=(),
-                                                 e2e_ms=None, tpot_ms=None)
+    assert chunk_timing(send, []) == ChunkTiming(
+        token_offsets_ms=(), ttft_ms=None, itl_ms=(), e2e_ms=None, tpot_ms=None
+    )
     assert tpot_ms(10.0, 70.0, 4, 2) == 20.0 and tpot_ms(10.0, 70.0, 4, 1) is None
     assert tpot_ms(None, 70.0, 4, 2) is None and tpot_ms(10.0, 70.0, None, 3) is None
 
@@ -197,9 +211,15 @@ def test_single_token_has_no_tpot(server: gt.GroundTruthServer) -> None:
 
 def test_request_parameters_sent(server: gt.GroundTruthServer, transport) -> None:
     server.reset()
-    measure(server.base_url, "single", warm=False, max_tokens=7,
-            sampling={"temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3, "min_p": None},
-            extra_body={"ignore_eos": True}, transport=transport)
+    measure(
+        server.base_url,
+        "single",
+        warm=False,
+        max_tokens=7,
+        sampling={"temperature": 0.5, "top_p": 0.9, "top_k": 40, "seed": 3, "min_p": None},
+        extra_body={"ignore_eos": True},
+        transport=transport,
+    )
     body = server.stats()["requests"][-1]
     assert body["model"] == "single"
     assert body["messages"] == [{"role": "user", "content": "hi"}]
@@ -325,8 +345,16 @@ def test_classify_exceptions_directly() -> None:
     assert errors.classify(httpx.ReadTimeout("slow"))[0] == "timeout"
     assert errors.classify(httpx.ConnectError("refused"))[0] == "connection"
     assert set(errors.ERROR_CLASSES) >= {
-        "auth", "not_found", "rate_limited", "server", "timeout", "stream_broken",
-        "bad_payload", "empty_response", "connection"}
+        "auth",
+        "not_found",
+        "rate_limited",
+        "server",
+        "timeout",
+        "stream_broken",
+        "bad_payload",
+        "empty_response",
+        "connection",
+    }
 
 
 def test_redact_masks_keys() -> None:
@@ -345,10 +373,20 @@ def test_run_level_respects_max_concurrency(server: gt.GroundTruthServer) -> Non
         client = make_client(server.base_url, None, 10.0, concurrency)
         try:
             return await run_level(
-                client, LevelSettings(model=model, prompts=["a", "b"], max_tokens=8,
-                                      max_concurrency=concurrency, num_requests=9, warmup=2,
-                                      level=1, prompt_tokens=[3, 5]),
-                count_tokens=words, on_record=seen.append)
+                client,
+                LevelSettings(
+                    model=model,
+                    prompts=["a", "b"],
+                    max_tokens=8,
+                    max_concurrency=concurrency,
+                    num_requests=9,
+                    warmup=2,
+                    level=1,
+                    prompt_tokens=[3, 5],
+                ),
+                count_tokens=words,
+                on_record=seen.append,
+            )
         finally:
             await client.close()
 
@@ -381,10 +419,17 @@ def test_run_levels_sync(server: gt.GroundTruthServer) -> None:
     server.reset()
     # "rendezvous:2" holds each request up to 1 s for a second one in flight: at concurrency 2
     # the slots overlap even when a loaded machine starts one late; at concurrency 1 they never can
-    base = LevelSettings(model="rendezvous:2", prompts=["p"], max_tokens=8, num_requests=4,
-                         warmup=1, sampling={"temperature": 0.0})
-    results = run_levels(Connection(server.base_url, None, 10.0), level_settings(base, [1, 2]),
-                         count_tokens=words)
+    base = LevelSettings(
+        model="rendezvous:2",
+        prompts=["p"],
+        max_tokens=8,
+        num_requests=4,
+        warmup=1,
+        sampling={"temperature": 0.0},
+    )
+    results = run_levels(
+        Connection(server.base_url, None, 10.0), level_settings(base, [1, 2]), count_tokens=words
+    )
     assert [(r.level, r.max_concurrency) for r in results] == [(0, 1), (1, 2)]
     assert [len(r.records) for r in results] == [5, 5]
     assert all(r.succeeded for res in results for r in res.records)
@@ -394,16 +439,26 @@ def test_run_levels_sync(server: gt.GroundTruthServer) -> None:
 
 
 def test_level_to_dict_is_the_stage_entry() -> None:
-    settings = LevelSettings(model="m", prompts=["p"], max_tokens=4, num_requests=1,
-                             max_concurrency=3, request_rate=2.5, level=1)
+    settings = LevelSettings(
+        model="m", prompts=["p"], max_tokens=4, num_requests=1, max_concurrency=3, request_rate=2.5, level=1
+    )
     warm = RequestRecord("l1-w0", level=1, max_concurrency=3, request_rate=2.5, warmup=True)
-    measured = RequestRecord("l1-r0", level=1, max_concurrency=3, request_rate=2.5,
-                             ttft_ms=10.0, e2e_ms=10.0, output_tokens=1, token_offsets_ms=[10.0])
+    measured = RequestRecord(
+        "l1-r0",
+        level=1,
+        max_concurrency=3,
+        request_rate=2.5,
+        ttft_ms=10.0,
+        e2e_ms=10.0,
+        output_tokens=1,
+        token_offsets_ms=[10.0],
+    )
     level = Level(settings, {"ttft_ms_p50": 10.0, "client_bound": 0}, (warm, measured), 0.5)
     assert (level.level, level.max_concurrency, level.request_rate) == (1, 3, 2.5)
     assert level.measured == [measured]
     assert level.to_dict() == {
-        "max_concurrency": 3, "request_rate": 2.5,
+        "max_concurrency": 3,
+        "request_rate": 2.5,
         "metrics": {"ttft_ms_p50": 10.0, "client_bound": 0},
         "requests": [warm.to_json(), measured.to_json()],
     }
@@ -415,21 +470,45 @@ def test_level_to_dict_is_the_stage_entry() -> None:
 
 def _record(i: int, **kw) -> RequestRecord:
     return RequestRecord(
-        request_id=f"r{i}", level=0, send_ns=1000 + i, ttft_ms=10.0 + i, itl_ms=[5.0, 7.0],
-        e2e_ms=22.0 + i, stream_close_ms=30.0 + i, output_tokens=4, output_tokens_source="usage",
-        output_text="héllo 世界", token_offsets_ms=[10.0 + i, 15.0 + i, 22.0 + i], **kw)
+        request_id=f"r{i}",
+        level=0,
+        send_ns=1000 + i,
+        ttft_ms=10.0 + i,
+        itl_ms=[5.0, 7.0],
+        e2e_ms=22.0 + i,
+        stream_close_ms=30.0 + i,
+        output_tokens=4,
+        output_tokens_source="usage",
+        output_text="héllo 世界",
+        token_offsets_ms=[10.0 + i, 15.0 + i, 22.0 + i],
+        **kw,
+    )
 
 
 def test_to_json_shape_and_round_trip() -> None:
     ok = _record(1).to_json()
-    assert {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "stream_close_ms", "output_tokens",
-            "output_tokens_source", "output_text", "warmup", "error", "request_id", "level",
-            "send_ns", "input_tokens"} <= set(ok)
+    assert {
+        "ttft_ms",
+        "itl_ms",
+        "tpot_ms",
+        "e2e_ms",
+        "stream_close_ms",
+        "output_tokens",
+        "output_tokens_source",
+        "output_text",
+        "warmup",
+        "error",
+        "request_id",
+        "level",
+        "send_ns",
+        "input_tokens",
+    } <= set(ok)
     assert ok["error"] is None and ok["itl_ms"] == [5.0, 7.0]
     bad = RequestRecord("x", error_class="auth", error_message="401").to_json()
     assert bad["error"] == {"class": "auth", "message": "401"}
     assert RequestRecord.from_json(json.loads(json.dumps(bad))) == RequestRecord(
-        "x", error_class="auth", error_message="401")
+        "x", error_class="auth", error_message="401"
+    )
     assert RequestRecord.from_json(ok) == _record(1)
 
 

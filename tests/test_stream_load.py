@@ -52,11 +52,20 @@ def _level(server, model, concurrency, num_requests, *, prompts=None, on_record=
         client = make_client(server.base_url, None, 30.0, concurrency)
         try:
             return await run_level(
-                client, LevelSettings(
-                    model=model, prompts=prompts or [f"p{i}" for i in range(num_requests)],
-                    max_tokens=64, max_concurrency=concurrency, num_requests=num_requests,
-                    warmup=0, level=0, **kwargs),
-                count_tokens=None, on_record=on_record)
+                client,
+                LevelSettings(
+                    model=model,
+                    prompts=prompts or [f"p{i}" for i in range(num_requests)],
+                    max_tokens=64,
+                    max_concurrency=concurrency,
+                    num_requests=num_requests,
+                    warmup=0,
+                    level=0,
+                    **kwargs,
+                ),
+                count_tokens=None,
+                on_record=on_record,
+            )
         finally:
             await client.close()
 
@@ -72,8 +81,9 @@ def _errors_ms(result, stamps):
         measured = [r.send_ns + round(o * 1e6) for o in r.token_offsets_ms]
         assert len(measured) == len(true), (r.request_id, r.error_message)
         ttft.append((measured[0] - true[0]) / 1e6)
-        itl += [((measured[i] - measured[i - 1]) - (true[i] - true[i - 1])) / 1e6
-                for i in range(1, len(true))]
+        itl += [
+            ((measured[i] - measured[i - 1]) - (true[i] - true[i - 1])) / 1e6 for i in range(1, len(true))
+        ]
         offsets_ns += [m - t for m, t in zip(measured, true)]
     return sorted(ttft), sorted(itl), offsets_ns
 
@@ -109,14 +119,31 @@ def test_settings_from_config_one_typed_level_each() -> None:
     from tasks.endpoint import Endpoint
     from tasks.stream.settings import settings_from_config
 
-    endpoint = Endpoint(base_url="http://h:1/v1", model="m", api_key_env="K",
-                        server_kind="openai-compatible", tokenizer="gguf:default")
-    cfg = StreamConfig(max_concurrency=[1, 4], request_rate=[2.0, None], seed=7, warmup=2,
-                       num_requests=5, output_len=12, temperature=0.5, burstiness=0.5,
-                       client_bound_tolerance_ms=3.0)
+    endpoint = Endpoint(
+        base_url="http://h:1/v1",
+        model="m",
+        api_key_env="K",
+        server_kind="openai-compatible",
+        tokenizer="gguf:default",
+    )
+    cfg = StreamConfig(
+        max_concurrency=[1, 4],
+        request_rate=[2.0, None],
+        seed=7,
+        warmup=2,
+        num_requests=5,
+        output_len=12,
+        temperature=0.5,
+        burstiness=0.5,
+        client_bound_tolerance_ms=3.0,
+    )
     levels = settings_from_config(cfg, endpoint, ["a", "b"], [3, 4])
     assert [(s.level, s.max_concurrency, s.request_rate, s.seed) for s in levels] == [
-        (0, 1, 2.0, 7), (1, 1, None, 8), (2, 4, 2.0, 9), (3, 4, None, 10)]
+        (0, 1, 2.0, 7),
+        (1, 1, None, 8),
+        (2, 4, 2.0, 9),
+        (3, 4, None, 10),
+    ]
     first = levels[0]
     assert (first.model, first.prompts, first.prompt_tokens) == ("m", ("a", "b"), (3, 4))
     assert (first.max_tokens, first.num_requests, first.warmup) == (12, 5, 2)
@@ -144,7 +171,9 @@ def test_request_rate_paces_the_sends(server) -> None:
         # on schedule up to scheduling noise (generous: a shared, loaded 2-core box)
         assert want * 1e3 - 5 <= (sent - sends[0]) / 1e6 <= want * 1e3 + 100
     allatonce = _level(server, "single", 16, 16)
-    spread_ms = (max(r.send_ns for r in allatonce.measured) - min(r.send_ns for r in allatonce.measured)) / 1e6
+    spread_ms = (
+        max(r.send_ns for r in allatonce.measured) - min(r.send_ns for r in allatonce.measured)
+    ) / 1e6
     assert spread_ms < 0.5 * expected[-1] * 1e3
 
 
@@ -173,8 +202,9 @@ def test_256_concurrent_streams_lose_no_record(server, tmp_path: Path) -> None:
     assert server.stats()["max_in_flight"] == 256
     records = read_jsonl(journal)
     assert len(records) == 256 and len({r.request_id for r in records}) == 256
-    assert all(r.succeeded and r.output_tokens == 20 and len(r.token_offsets_ms) == 20
-               for r in records), [r.error_message for r in records if not r.succeeded][:3]
+    assert all(r.succeeded and r.output_tokens == 20 and len(r.token_offsets_ms) == 20 for r in records), [
+        r.error_message for r in records if not r.succeeded
+    ][:3]
     assert len(result.measured) == 256
     _, _, offsets_ns = _errors_ms(result, server.stamps())
     assert len(offsets_ns) == 256 * 20 and min(offsets_ns) >= 0
@@ -201,10 +231,18 @@ def test_client_bound_flag_agrees_with_the_measured_error(server) -> None:
         hogger = asyncio.ensure_future(hog()) if block else None
         try:
             return await run_level(
-                client, LevelSettings(model="ticks:30:10", prompts=[f"p{i}" for i in range(4)],
-                                      max_tokens=64, max_concurrency=4, num_requests=4, warmup=0,
-                                      level=0),
-                count_tokens=None)
+                client,
+                LevelSettings(
+                    model="ticks:30:10",
+                    prompts=[f"p{i}" for i in range(4)],
+                    max_tokens=64,
+                    max_concurrency=4,
+                    num_requests=4,
+                    warmup=0,
+                    level=0,
+                ),
+                count_tokens=None,
+            )
         finally:
             stop.set()
             if hogger is not None:
@@ -239,11 +277,14 @@ def test_prometheus_parse_and_level_view() -> None:
         'vllm:time_to_first_token_seconds_bucket{le="0.1"} 3\n'
         'vllm:time_to_first_token_seconds_sum{model="m"} 1.5\n'
         'vllm:time_to_first_token_seconds_count{model="m"} 10\n'
-        'vllm:generation_tokens_total{model="m"} 100\nvllm:num_requests_running 2\n')
-    page_after = page_before.replace(" 1.5", " 2.7").replace(" 10\n", " 13\n").replace(
-        " 100\n", " 160\n")
+        'vllm:generation_tokens_total{model="m"} 100\nvllm:num_requests_running 2\n'
+    )
+    page_after = page_before.replace(" 1.5", " 2.7").replace(" 10\n", " 13\n").replace(" 100\n", " 160\n")
     before, after = prometheus.parse(page_before), prometheus.parse(page_after)
-    assert before["vllm:generation_tokens_total"] == 100 and "vllm:time_to_first_token_seconds_bucket" not in before
+    assert (
+        before["vllm:generation_tokens_total"] == 100
+        and "vllm:time_to_first_token_seconds_bucket" not in before
+    )
     view = prometheus.level_view(before, after)
     assert view["server_vllm_generation_tokens_total_delta"] == 60
     assert view["server_vllm_time_to_first_token_seconds_mean"] == pytest.approx(1.2 / 3)
@@ -260,10 +301,20 @@ def test_client_processes_merge_records_on_one_clock(server, tmp_path: Path) -> 
     journal = tmp_path / "requests.jsonl"
     with RecordWriter(journal) as writer:
         result = run_level_processes(
-            2, Connection(server.base_url, None, 30.0),
-            LevelSettings(model="ticks:10:10", prompts=[f"p{i}" for i in range(8)], max_tokens=16,
-                          max_concurrency=4, num_requests=8, warmup=0, level=2),
-            count_tokens=None, on_record=writer.write)
+            2,
+            Connection(server.base_url, None, 30.0),
+            LevelSettings(
+                model="ticks:10:10",
+                prompts=[f"p{i}" for i in range(8)],
+                max_tokens=16,
+                max_concurrency=4,
+                num_requests=8,
+                warmup=0,
+                level=2,
+            ),
+            count_tokens=None,
+            on_record=writer.write,
+        )
     assert server.stats()["max_in_flight"] == 4
     assert sorted(r.request_id for r in result.measured) == [f"l2-r{i}" for i in range(8)]
     assert len(read_jsonl(journal)) == 8 and all(r.succeeded for r in result.measured)
@@ -274,18 +325,31 @@ def test_client_processes_merge_records_on_one_clock(server, tmp_path: Path) -> 
 
     words = lambda text: len(text.split())  # noqa: E731
     result = run_level_processes(
-        2, Connection(server.base_url, None, 30.0),
-        LevelSettings(model="no_usage", prompts=["a", "b", "c"], max_tokens=16, max_concurrency=2,
-                      num_requests=4, warmup=1, level=0),
-        count_tokens=words)
+        2,
+        Connection(server.base_url, None, 30.0),
+        LevelSettings(
+            model="no_usage",
+            prompts=["a", "b", "c"],
+            max_tokens=16,
+            max_concurrency=2,
+            num_requests=4,
+            warmup=1,
+            level=0,
+        ),
+        count_tokens=words,
+    )
     assert [r.warmup for r in result.records] == [True] + [False] * 4
     assert all(r.output_tokens == 5 and r.output_tokens_source == "tokenizer" for r in result.records)
     assert all(r.tpot_ms is not None for r in result.records)
     with pytest.raises(ValueError, match="client_processes"):
-        run_level_processes(3, Connection(server.base_url, None, 1.0),
-                            LevelSettings(model="x", prompts=["a"], max_tokens=1, max_concurrency=2,
-                                          num_requests=1, warmup=0, level=0),
-                            count_tokens=None)
+        run_level_processes(
+            3,
+            Connection(server.base_url, None, 1.0),
+            LevelSettings(
+                model="x", prompts=["a"], max_tokens=1, max_concurrency=2, num_requests=1, warmup=0, level=0
+            ),
+            count_tokens=None,
+        )
 
 
 # Prompts ------------------------------------------------------------------------------------------
@@ -330,17 +394,32 @@ def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, t
     from tasks.pipeline import stream_stage
     from tasks.tracking import TrackingTarget
 
-    endpoint = Endpoint(base_url=server.base_url, model="ticks:8:5", api_key_env=None,
-                        server_kind="openai-compatible", tokenizer="gguf:default")
-    cfg = StreamConfig(max_concurrency=[1, 2], request_rate=[50.0, None], num_requests=3,
-                       warmup=1, input_len=16, output_len=12, seed=7,
-                       goodput={"ttft_ms": 1000})
+    endpoint = Endpoint(
+        base_url=server.base_url,
+        model="ticks:8:5",
+        api_key_env=None,
+        server_kind="openai-compatible",
+        tokenizer="gguf:default",
+    )
+    cfg = StreamConfig(
+        max_concurrency=[1, 2],
+        request_rate=[50.0, None],
+        num_requests=3,
+        warmup=1,
+        input_len=16,
+        output_len=12,
+        seed=7,
+        goodput={"ttft_ms": 1000},
+    )
     server.reset()
-    result = stream_stage.fn(cfg, endpoint, TrackingTarget("stream-tests", None, True), None,
-                             str(tmp_path))
+    result = stream_stage.fn(cfg, endpoint, TrackingTarget("stream-tests", None, True), None, str(tmp_path))
     levels = result["levels"]
     assert [(lv["max_concurrency"], lv["request_rate"]) for lv in levels] == [
-        (1, 50.0), (1, None), (2, 50.0), (2, None)]
+        (1, 50.0),
+        (1, None),
+        (2, 50.0),
+        (2, None),
+    ]
     for lv in levels:
         m = lv["metrics"]
         assert m["num_requests"] == 3 and m["num_succeeded"] == 3
@@ -363,10 +442,13 @@ def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, t
     assert run.data.params["request_rate"] == "[50.0,null]"
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
     assert "plots/load_curves.png" in plots and len(plots) == 5
-    children = client.search_runs(
-        [run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert sorted(c.info.run_name for c in children) == [
-        "stream c=1 rate=50", "stream c=1 rate=inf", "stream c=2 rate=50", "stream c=2 rate=inf"]
+        "stream c=1 rate=50",
+        "stream c=1 rate=inf",
+        "stream c=2 rate=50",
+        "stream c=2 rate=inf",
+    ]
     for child in children:
         assert "client_loop_lag_ms_p99" in child.data.metrics
         assert [a.path for a in client.list_artifacts(child.info.run_id, "plots")][0].endswith(".png")
@@ -374,24 +456,46 @@ def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, t
 
 def _cli(args, tmp_path, env=None):
     return subprocess.run(
-        [str(BIN), "stream", *args], capture_output=True, text=True, timeout=300,
-        env={**os.environ, "PREFECT_HOME": str(tmp_path / "prefect"),
-             "INFERMETER_WORK_DIR": str(tmp_path / "w"), **(env or {})})
+        [str(BIN), "stream", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "INFERMETER_WORK_DIR": str(tmp_path / "w"),
+            **(env or {}),
+        },
+    )
 
 
-@pytest.mark.parametrize(("args", "needle"), [
-    (["--max-concurrency", "0"], "stream.max_concurrency"),
-    (["--request-rate", "2,fast"], "--request-rate"),
-    (["--request-rate", "0"], "0 is not > 0"),
-    (["--tokenizer", "arch:nope", "--max-tokens", "4"], "--tokenizer: model 'arch:nope'"),
-    (["--goodput", "speed_ms:3"], "stream.goodput"),
-    (["--prompts", "/nonexistent/prompts.txt"], "--prompts"),
-    (["--base-url", "localhost:8000/v1", "--model", "m"], "--base-url"),
-    (["--base-url", "http://127.0.0.1:9/v1", "--model", "m", "--api-key-env",
-      "INFERMETER_TEST_UNSET_KEY"], "INFERMETER_TEST_UNSET_KEY"),
-    (["--base-url", f"http://127.0.0.1:{gt.free_port()}/v1", "--model", "m"],
-     "nothing accepts connections at 127.0.0.1:"),
-])
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--max-concurrency", "0"], "stream.max_concurrency"),
+        (["--request-rate", "2,fast"], "--request-rate"),
+        (["--request-rate", "0"], "0 is not > 0"),
+        (["--tokenizer", "arch:nope", "--max-tokens", "4"], "--tokenizer: model 'arch:nope'"),
+        (["--goodput", "speed_ms:3"], "stream.goodput"),
+        (["--prompts", "/nonexistent/prompts.txt"], "--prompts"),
+        (["--base-url", "localhost:8000/v1", "--model", "m"], "--base-url"),
+        (
+            [
+                "--base-url",
+                "http://127.0.0.1:9/v1",
+                "--model",
+                "m",
+                "--api-key-env",
+                "INFERMETER_TEST_UNSET_KEY",
+            ],
+            "INFERMETER_TEST_UNSET_KEY",
+        ),
+        (
+            ["--base-url", f"http://127.0.0.1:{gt.free_port()}/v1", "--model", "m"],
+            "nothing accepts connections at 127.0.0.1:",
+        ),
+    ],
+)
 def test_command_bad_input_exits_2_with_one_line(tmp_path, args, needle) -> None:
     result = _cli([*args, "--no-track"], tmp_path)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
@@ -402,17 +506,48 @@ def test_command_json_against_the_instrument(server, tmp_path) -> None:
     (tmp_path / "prompts.txt").write_text("one\ntwo\n", encoding="utf-8")
     out = tmp_path / "out.json"
     smoke = Path(__file__).resolve().parents[1] / "configs" / "smoke.yaml"  # audit-shaped
-    result = _cli(["--config", str(smoke), "--base-url", server.base_url, "--model", "hold", "--prompts",
-                   str(tmp_path / "prompts.txt"), "--max-concurrency", "1,2", "--request-rate",
-                   "inf", "--num-requests", "2", "--warmup", "1", "--no-track", "--json", str(out)],
-                  tmp_path, env={"INFERMETER_TEST_KEY": "sk-should-not-leak"})
+    result = _cli(
+        [
+            "--config",
+            str(smoke),
+            "--base-url",
+            server.base_url,
+            "--model",
+            "hold",
+            "--prompts",
+            str(tmp_path / "prompts.txt"),
+            "--max-concurrency",
+            "1,2",
+            "--request-rate",
+            "inf",
+            "--num-requests",
+            "2",
+            "--warmup",
+            "1",
+            "--no-track",
+            "--json",
+            str(out),
+        ],
+        tmp_path,
+        env={"INFERMETER_TEST_KEY": "sk-should-not-leak"},
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     data = json.loads(out.read_text())
     assert set(data) == {"levels", "mlflow_run_id"} and data["mlflow_run_id"] is None
     assert [(lv["max_concurrency"], lv["request_rate"]) for lv in data["levels"]] == [(1, None), (2, None)]
     request = data["levels"][1]["requests"][1]
-    assert {"ttft_ms", "itl_ms", "tpot_ms", "e2e_ms", "stream_close_ms", "output_tokens",
-            "output_tokens_source", "output_text", "warmup", "error"} <= set(request)
+    assert {
+        "ttft_ms",
+        "itl_ms",
+        "tpot_ms",
+        "e2e_ms",
+        "stream_close_ms",
+        "output_tokens",
+        "output_tokens_source",
+        "output_text",
+        "warmup",
+        "error",
+    } <= set(request)
     assert request["error"] is None and request["output_text"] == "a b c"
     assert len(request["itl_ms"]) == 2 and request["output_tokens_source"] == "usage"
     assert "client_bound" in data["levels"][0]["metrics"]
@@ -428,9 +563,26 @@ def test_ctrl_c_keeps_the_records_and_exits_in_seconds(server, tmp_path) -> None
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [str(BIN), "stream", "--base-url", server.base_url, "--model", "ticks:50:20",
-             "--num-requests", "400", "--max-concurrency", "2", "--warmup", "0", "--no-track"],
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+            [
+                str(BIN),
+                "stream",
+                "--base-url",
+                server.base_url,
+                "--model",
+                "ticks:50:20",
+                "--num-requests",
+                "400",
+                "--max-concurrency",
+                "2",
+                "--warmup",
+                "0",
+                "--no-track",
+            ],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 180
         journal = []

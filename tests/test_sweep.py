@@ -30,7 +30,9 @@ def test_grid_points_and_keys():
     assert points[1].sampling(2) == {"temperature": 0.0, "top_p": 1.0, "top_k": 40, "seed": 5, "min_p": 0.05}
     assert points[0].params()["extra_body.min_p"] == 0.05
     ctx = {"endpoint_kind": "llama.cpp", "endpoint_model": "m"}
-    assert points[0].key(ctx) == grid([0.0], [1.0], [0], seed=3, max_tokens=4, extra_body={"min_p": 0.05})[0].key(ctx)
+    assert points[0].key(ctx) == grid([0.0], [1.0], [0], seed=3, max_tokens=4, extra_body={"min_p": 0.05})[
+        0
+    ].key(ctx)
     assert points[0].key(ctx) != points[0].key({**ctx, "endpoint_model": "other"})
     assert len({p.key(ctx) for p in points}) == 4
     assert SweepPoint(0.0).expects_determinism() and SweepPoint(1.0, top_k=1).expects_determinism()
@@ -47,60 +49,109 @@ def test_diversity_figures():
 
 def test_point_outcome_to_dict_is_the_stage_entry():
     point = SweepPoint.make(temperature=0.0, seed=3, max_tokens=4, extra_body={"min_p": 0.05})
-    records = [RequestRecord("a", output_text="x y", output_tokens=2, ttft_ms=5.0, e2e_ms=9.0),
-               RequestRecord("b", error_class="timeout", error_message="slow")]
+    records = [
+        RequestRecord("a", output_text="x y", output_tokens=2, ttft_ms=5.0, e2e_ms=9.0),
+        RequestRecord("b", error_class="timeout", error_message="slow"),
+    ]
     result = finish_point(point, records, encode=lambda text: [ord(c) for c in text if c != " "])
     failed = PointOutcome.measured(result, "k1", "run-1")
     assert failed.to_dict() == {
-        "temperature": 0.0, "top_p": None, "top_k": None, "seed": 3, "max_tokens": 4,
-        "extra_body.min_p": 0.05, "point_key": "k1", "status": "failed", "error_class": "timeout",
+        "temperature": 0.0,
+        "top_p": None,
+        "top_k": None,
+        "seed": 3,
+        "max_tokens": 4,
+        "extra_body.min_p": 0.05,
+        "point_key": "k1",
+        "status": "failed",
+        "error_class": "timeout",
         "samples": [
-            {"sample": 0, "seed": 3, "output_text": "x y", "output_tokens": 2, "ttft_ms": 5.0,
-             "e2e_ms": 9.0, "error_class": None, "error_message": None},
-            {"sample": 1, "seed": 4, "output_text": "", "output_tokens": None, "ttft_ms": None,
-             "e2e_ms": None, "error_class": "timeout", "error_message": "slow"}],
-        "num_samples": 2, "num_samples_failed": 1, "identical_fraction": 1.0, "distinct_1": 1.0,
-        "distinct_2": 1.0, "output_tokens_mean": 2.0, "output_tokens_std": 0.0,
-        "ttft_ms_mean": 5.0, "e2e_ms_mean": 9.0, "determinism_violated": 0,
+            {
+                "sample": 0,
+                "seed": 3,
+                "output_text": "x y",
+                "output_tokens": 2,
+                "ttft_ms": 5.0,
+                "e2e_ms": 9.0,
+                "error_class": None,
+                "error_message": None,
+            },
+            {
+                "sample": 1,
+                "seed": 4,
+                "output_text": "",
+                "output_tokens": None,
+                "ttft_ms": None,
+                "e2e_ms": None,
+                "error_class": "timeout",
+                "error_message": "slow",
+            },
+        ],
+        "num_samples": 2,
+        "num_samples_failed": 1,
+        "identical_fraction": 1.0,
+        "distinct_1": 1.0,
+        "distinct_2": 1.0,
+        "output_tokens_mean": 2.0,
+        "output_tokens_std": 0.0,
+        "ttft_ms_mean": 5.0,
+        "e2e_ms_mean": 9.0,
+        "determinism_violated": 0,
         "mlflow_run_id": "run-1",
     }
     # a resumed point: figures read back from MLflow (floats), counts as ints, missing as None
-    skipped = PointOutcome.skipped(point, "k1", "run-0", {"num_samples": 2.0, "distinct_1": 0.5},
-                                   samples=[{"sample": 0}])
+    skipped = PointOutcome.skipped(
+        point, "k1", "run-0", {"num_samples": 2.0, "distinct_1": 0.5}, samples=[{"sample": 0}]
+    )
     entry = skipped.to_dict()
     assert (entry["status"], entry["error_class"], entry["mlflow_run_id"]) == ("skipped", None, "run-0")
     assert entry["num_samples"] == 2 and isinstance(entry["num_samples"], int)
     assert entry["distinct_1"] == 0.5 and entry["ttft_ms_mean"] is None
     assert entry["samples"] == [{"sample": 0}]
     assert sweep_headline([failed, skipped]) == {
-        "sweep_points": 2, "sweep_points_skipped": 1, "sweep_points_failed": 1,
-        "sweep_determinism_violations": 0}
+        "sweep_points": 2,
+        "sweep_points_skipped": 1,
+        "sweep_points_failed": 1,
+        "sweep_determinism_violations": 0,
+    }
 
 
-@pytest.mark.parametrize("flag,value,needle", [
-    ("--temperature", "0,-0.5", "temperature -0.5"),
-    ("--top-p", "0", "top_p 0.0"),
-    ("--top-p", "1.5", "top_p 1.5"),
-    ("--top-k", "-1", "top_k -1"),
-    ("--samples", "0", "samples 0"),
-    ("--temperature", "hot", "--temperature"),
-    ("--target", "cloud", "sweep.target"),
-])
+@pytest.mark.parametrize(
+    "flag,value,needle",
+    [
+        ("--temperature", "0,-0.5", "temperature -0.5"),
+        ("--top-p", "0", "top_p 0.0"),
+        ("--top-p", "1.5", "top_p 1.5"),
+        ("--top-k", "-1", "top_k -1"),
+        ("--samples", "0", "samples 0"),
+        ("--temperature", "hot", "--temperature"),
+        ("--target", "cloud", "sweep.target"),
+    ],
+)
 def test_bad_flag_values_exit_2_with_one_line(flag, value, needle):
-    result = subprocess.run([str(BIN), "sweep", flag, value, "--no-track"], capture_output=True,
-                            text=True, timeout=120)
+    result = subprocess.run(
+        [str(BIN), "sweep", flag, value, "--no-track"], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and needle in lines[0], lines
 
 
 def _config(temperatures, name, **endpoint):
-    return SweepFlowConfig.model_validate({
-        "name": name,
-        "sweep": {"prompt": "Name a fruit.", "temperature": temperatures, "top_p": [1.0],
-                  "samples": 2, "max_tokens": 4},
-        "endpoint": endpoint, "tracking": {"experiment": "infermeter-sweep-test"},
-    })
+    return SweepFlowConfig.model_validate(
+        {
+            "name": name,
+            "sweep": {
+                "prompt": "Name a fruit.",
+                "temperature": temperatures,
+                "top_p": [1.0],
+                "samples": 2,
+                "max_tokens": 4,
+            },
+            "endpoint": endpoint,
+            "tracking": {"experiment": "infermeter-sweep-test"},
+        }
+    )
 
 
 def _point_runs(client, key):
@@ -169,11 +220,21 @@ def test_failed_requests_make_failed_points_and_the_sweep_finishes(mlflow_store,
 def test_local_target_is_seeded_per_sample(prefect_server, workdir):
     from flows.sweep import sweep
 
-    cfg = SweepFlowConfig.model_validate({"sweep": {
-        "prompt": "Name a fruit.", "target": "local", "samples": 2, "max_tokens": 4,
-        "points": [{"temperature": 1.0, "top_k": 1}, {"temperature": 1.5, "seed": 7},
-                   {"temperature": 1.5, "seed": 7}],
-    }})
+    cfg = SweepFlowConfig.model_validate(
+        {
+            "sweep": {
+                "prompt": "Name a fruit.",
+                "target": "local",
+                "samples": 2,
+                "max_tokens": 4,
+                "points": [
+                    {"temperature": 1.0, "top_k": 1},
+                    {"temperature": 1.5, "seed": 7},
+                    {"temperature": 1.5, "seed": 7},
+                ],
+            }
+        }
+    )
     result = sweep(cfg, track=False, return_state=True).result()
     greedy, hot, hot_again = result["points"]
     assert greedy["identical_fraction"] == 1.0 and greedy["determinism_violated"] == 0

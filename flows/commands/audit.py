@@ -27,17 +27,24 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
     baseline: Annotated[
-        Optional[str], typer.Option(help="MLflow run id to compare with (default: median of the last audits).")
+        Optional[str],
+        typer.Option(help="MLflow run id to compare with (default: median of the last audits)."),
     ] = None,
     fail_on_regression: Annotated[
-        Optional[bool], typer.Option("--fail-on-regression/--no-fail-on-regression", help="Exit 1 on a regression.")
+        Optional[bool],
+        typer.Option("--fail-on-regression/--no-fail-on-regression", help="Exit 1 on a regression."),
     ] = None,
 ) -> None:
     """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
     cfg = load_or_fail(config, AuditConfig)
-    cfg = apply_overrides(cfg, "regression", {
-        "baseline_run_id": baseline, "fail_on_regression": fail_on_regression,
-    })
+    cfg = apply_overrides(
+        cfg,
+        "regression",
+        {
+            "baseline_run_id": baseline,
+            "fail_on_regression": fail_on_regression,
+        },
+    )
     preflight(track=not no_track)
     if cfg.stream.enabled or cfg.sweep.enabled:
         check_embedded_engine(cfg)
@@ -50,18 +57,29 @@ def command(
             fail_input(f"--baseline: {exc}")
     from flows.audit import audit as audit_flow
 
-    state, result = run_flow("audit", audit_flow, cfg, track=not no_track, json_path=json_path,
-                             json_keys=("stages", "headline", "errors", "regression"))
+    state, result = run_flow(
+        "audit",
+        audit_flow,
+        cfg,
+        track=not no_track,
+        json_path=json_path,
+        json_keys=("stages", "headline", "errors", "regression"),
+    )
     print_headline("infermeter audit: headline", result["headline"])
     console.print(f"Records on disk: {result['workdir']}", highlight=False)
     print_run_links(result)
     verdict = result.get("regression")
     if not verdict and result["mlflow_run_id"] and not result["errors"]:
-        console.print("Regression verdict: no baseline yet (the first audit of this endpoint and "
-                      "model; later audits compare with it)")
+        console.print(
+            "Regression verdict: no baseline yet (the first audit of this endpoint and "
+            "model; later audits compare with it)"
+        )
     if verdict:
-        console.print(f"Regression verdict ({verdict['baseline']}): "
-                      f"{'REGRESSION' if verdict['regressed'] else 'no regression'}", highlight=False)
+        console.print(
+            f"Regression verdict ({verdict['baseline']}): "
+            f"{'REGRESSION' if verdict['regressed'] else 'no regression'}",
+            highlight=False,
+        )
     if result["errors"]:
         for stage, message in result["errors"].items():
             err_console.print(f"stage {stage} failed: {message}", markup=False)

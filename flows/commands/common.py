@@ -136,8 +136,14 @@ def preflight(track: bool) -> None:
             fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")
 
 
-def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
-             json_keys: tuple[str, ...] = (), **kwargs: Any) -> tuple[Any, dict]:
+def run_flow(
+    name: str,
+    flow: Any,
+    *args: Any,
+    json_path: Path | None = None,
+    json_keys: tuple[str, ...] = (),
+    **kwargs: Any,
+) -> tuple[Any, dict]:
     """Run ``flow`` for the CLI command ``name`` against :func:`flows.commands.prefect_api.prefect_api`;
     write ``--json`` (``json_keys`` of the result plus ``mlflow_run_id``); return the final
     State and the result dict. A flow that failed with a result is reported by the caller.
@@ -153,8 +159,10 @@ def run_flow(name: str, flow: Any, *args: Any, json_path: Path | None = None,
         with prefect_api():
             state = flow(*args, return_state=True, **kwargs)
     except KeyboardInterrupt:
-        console.print("[yellow]Interrupted[/]: the requests and points that finished are kept "
-                      "(the run's records folder is named above)")
+        console.print(
+            "[yellow]Interrupted[/]: the requests and points that finished are kept "
+            "(the run's records folder is named above)"
+        )
         raise typer.Exit(130) from None
     result = state.result(raise_on_failure=False)
     if not isinstance(result, dict):

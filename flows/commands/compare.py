@@ -19,13 +19,17 @@ DEFAULT_FILTER = "tags.flow = 'audit'"
 
 
 def command(
-    run_ids: Annotated[Optional[list[str]], typer.Argument(help="Run ids; the first is the reference.")] = None,
+    run_ids: Annotated[
+        Optional[list[str]], typer.Argument(help="Run ids; the first is the reference.")
+    ] = None,
     experiment: Annotated[str, typer.Option(help="MLflow experiment to search.")] = "infermeter",
     filter_string: Annotated[
         str, typer.Option("--filter", help="MLflow filter when no run ids are given.")
     ] = DEFAULT_FILTER,
     max_runs: Annotated[int, typer.Option(help="Newest N runs when searching.")] = 10,
-    metrics: Annotated[Optional[str], typer.Option(help="Comma-separated metrics (default: headline).")] = None,
+    metrics: Annotated[
+        Optional[str], typer.Option(help="Comma-separated metrics (default: headline).")
+    ] = None,
     csv: Annotated[Optional[Path], typer.Option(help="Write the table as CSV.")] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print a markdown table.")] = False,
     plot: Annotated[Optional[Path], typer.Option(help="PNG of the first metric across runs.")] = None,
@@ -48,14 +52,18 @@ def command(
     except Exception as exc:  # a malformed --filter is the usual cause
         fail_input(f"--filter: {str(exc).splitlines()[0]}")
     if not runs:
-        fail_input(f"no runs in experiment {experiment!r} match {filter_string!r}; other flows' "
-                   "runs: --filter \"tags.flow = 'stream'\" (or profile, sweep, tokenize)")
+        fail_input(
+            f"no runs in experiment {experiment!r} match {filter_string!r}; other flows' "
+            "runs: --filter \"tags.flow = 'stream'\" (or profile, sweep, tokenize)"
+        )
     if chosen:
         logged = {name for run in runs for name in run["metrics"]}
         unknown = [name for name in chosen if name not in logged]
         if unknown:
-            fail_input(f"--metrics: {', '.join(unknown)} not logged by these runs; they have e.g. "
-                       f"{', '.join(sorted(logged)[:8])}")
+            fail_input(
+                f"--metrics: {', '.join(unknown)} not logged by these runs; they have e.g. "
+                f"{', '.join(sorted(logged)[:8])}"
+            )
     frame = comparison_frame(runs, chosen)
     if csv:
         frame.write_csv(csv)
@@ -75,9 +83,11 @@ def command(
 
 def _transposed(frame) -> Table:
     """Metrics as rows, runs as columns: reads in a terminal however many metrics there are."""
-    table = make_table("runs side by side (change against the first run)", [("", "left")] + [
-        (f"{name or ''}\n{run_id[:8]}", "right") for name, run_id in zip(frame["name"], frame["run_id"])
-    ])
+    table = make_table(
+        "runs side by side (change against the first run)",
+        [("", "left")]
+        + [(f"{name or ''}\n{run_id[:8]}", "right") for name, run_id in zip(frame["name"], frame["run_id"])],
+    )
     for column in frame.columns:
         if column in ("run_id", "name") or column.endswith("_change_pct"):
             continue

@@ -70,8 +70,12 @@ def build_deployments(audit_config: AuditConfig, cron: str | None) -> list:
 
 
 def command(
-    config: Annotated[Optional[Path], typer.Option(help="Audit config whose values are the form's defaults.")] = None,
-    cron: Annotated[Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="Audit config whose values are the form's defaults.")
+    ] = None,
+    cron: Annotated[
+        Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")
+    ] = None,
     limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
 ) -> None:
     """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""

@@ -48,15 +48,29 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         return
     port = free_port()
     command = [
-        sys.executable, "-m", "uvicorn", "--app-dir", str(Path(prefect.__file__).parent.parent),
-        "--factory", "prefect.server.api.server:create_app", "--host", "127.0.0.1",
-        "--port", str(port), "--log-level", "error", "--lifespan", "on",
+        sys.executable,
+        "-m",
+        "uvicorn",
+        "--app-dir",
+        str(Path(prefect.__file__).parent.parent),
+        "--factory",
+        "prefect.server.api.server:create_app",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "error",
+        "--lifespan",
+        "on",
     ]
     env = {
         **os.environ,
         **get_current_settings().to_environment_variables(exclude_unset=True),
         # what Prefect's own temporary server sets: no UI, the local ephemeral database
-        "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1",
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
     }
     url = f"http://127.0.0.1:{port}/api"
     log_path = Path(tempfile.mkdtemp(prefix="infermeter-prefect-")) / "prefect_server.log"
@@ -67,9 +81,15 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     timeout_s = startup_timeout_s or (
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if user_set else STARTUP_TIMEOUT_S
     )
-    with background_server("Prefect's temporary API server", command, env, f"{url}/health",
-                           startup_timeout_s=timeout_s, log_path=log_path,
-                           timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL"):
+    with background_server(
+        "Prefect's temporary API server",
+        command,
+        env,
+        f"{url}/health",
+        startup_timeout_s=timeout_s,
+        log_path=log_path,
+        timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
+    ):
         with temporary_settings(updates={PREFECT_API_URL: url}):
             try:
                 yield url

@@ -39,7 +39,8 @@ def load_profile_config(path: Path | None) -> ProfileFlowConfig:
     audit = load_or_fail(path, AuditConfig)
     return ProfileFlowConfig(
         name=f"{audit.name}-profile" if audit.name != "audit" else "profile",
-        profile=audit.profile, tracking=audit.tracking,
+        profile=audit.profile,
+        tracking=audit.tracking,
     )
 
 
@@ -59,17 +60,35 @@ def check_input(cfg: ProfileFlowConfig) -> None:
 
 
 def command(
-    model: Annotated[Optional[str], typer.Option(help="gguf:default, gguf:PATH, hf:PATH_OR_ID, arch:NAME (smollm2-135m, llama-2-7b, llama-3-8b) or arch:PATH/config.json.")] = None,
-    prompt_lengths: Annotated[Optional[str], typer.Option(help="Prompt lengths in tokens, e.g. 32,128,512.")] = None,
+    model: Annotated[
+        Optional[str],
+        typer.Option(
+            help="gguf:default, gguf:PATH, hf:PATH_OR_ID, arch:NAME (smollm2-135m, llama-2-7b, llama-3-8b) or arch:PATH/config.json."
+        ),
+    ] = None,
+    prompt_lengths: Annotated[
+        Optional[str], typer.Option(help="Prompt lengths in tokens, e.g. 32,128,512.")
+    ] = None,
     batch_sizes: Annotated[Optional[str], typer.Option(help="Batch sizes, e.g. 1,4.")] = None,
-    dtypes: Annotated[Optional[str], typer.Option(help="float32, bfloat16, float16 (default: the model's).")] = None,
-    max_new_tokens: Annotated[Optional[str], typer.Option(help="Decode steps per point, each one token after the prefill's first (EOS ignored); a list sweeps it, e.g. 8,32.")] = None,
-    prefill_chunk_sizes: Annotated[Optional[str], typer.Option(help="Chunked prefill sizes in tokens; 0 = none, e.g. 0,64,256.")] = None,
+    dtypes: Annotated[
+        Optional[str], typer.Option(help="float32, bfloat16, float16 (default: the model's).")
+    ] = None,
+    max_new_tokens: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Decode steps per point, each one token after the prefill's first (EOS ignored); a list sweeps it, e.g. 8,32."
+        ),
+    ] = None,
+    prefill_chunk_sizes: Annotated[
+        Optional[str], typer.Option(help="Chunked prefill sizes in tokens; 0 = none, e.g. 0,64,256.")
+    ] = None,
     device: Annotated[Optional[str], typer.Option(help="auto, cpu or cuda.")] = None,
     repeats: Annotated[Optional[int], typer.Option(help="Timed repeats per point (median reported).")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Untimed warm-up runs per point.")] = None,
     num_layers: Annotated[Optional[int], typer.Option(help="arch: only: keep the first N layers.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="YAML config (audit-shaped; its profile/tracking parts).")] = None,
+    config: Annotated[
+        Optional[Path], typer.Option(help="YAML config (audit-shaped; its profile/tracking parts).")
+    ] = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -77,22 +96,36 @@ def command(
     cfg = load_profile_config(config)
     if device is not None and device not in ("auto", "cpu", "cuda"):
         fail_input(f"--device: {device!r} is not one of auto, cpu, cuda")
-    cfg = apply_overrides(cfg, "profile", {
-        "model": model,
-        "prompt_lengths": parse_list("--prompt-lengths", prompt_lengths, int),
-        "batch_sizes": parse_list("--batch-sizes", batch_sizes, int),
-        "dtypes": parse_list("--dtypes", dtypes, str),
-        "prefill_chunk_sizes": parse_list("--prefill-chunk-sizes", prefill_chunk_sizes, int),
-        "max_new_tokens": parse_list("--max-new-tokens", max_new_tokens, int),
-        "device": device, "repeats": repeats, "warmup": warmup,
-        "num_layers": num_layers, "enabled": True,
-    })
+    cfg = apply_overrides(
+        cfg,
+        "profile",
+        {
+            "model": model,
+            "prompt_lengths": parse_list("--prompt-lengths", prompt_lengths, int),
+            "batch_sizes": parse_list("--batch-sizes", batch_sizes, int),
+            "dtypes": parse_list("--dtypes", dtypes, str),
+            "prefill_chunk_sizes": parse_list("--prefill-chunk-sizes", prefill_chunk_sizes, int),
+            "max_new_tokens": parse_list("--max-new-tokens", max_new_tokens, int),
+            "device": device,
+            "repeats": repeats,
+            "warmup": warmup,
+            "num_layers": num_layers,
+            "enabled": True,
+        },
+    )
     check_input(cfg)
 
     from flows.profile import profile
 
-    _, result = run_flow("profile", profile, cfg, track=not no_track, show_progress=True,
-                         json_path=json_path, json_keys=("points",))
+    _, result = run_flow(
+        "profile",
+        profile,
+        cfg,
+        track=not no_track,
+        show_progress=True,
+        json_path=json_path,
+        json_keys=("points",),
+    )
     if result["points"]:
         print_points(result["points"])
     print_run_links(result)
@@ -121,21 +154,44 @@ def print_points(points: list[dict]) -> None:
 
     steps = steps_swept(points)
     mib = 2**20
-    titles = ("N", "B", "dtype", "chunk", *(("T",) if steps else ()), "prefill", "decode", "tok/s",
-              "KV", "KV calc", "peak")
-    table = make_table("infermeter profile (ms, tokens/s, MiB)",
-                       [(title, "left" if title == "dtype" else "right") for title in titles],
-                       compact=True, no_wrap=True)
+    titles = (
+        "N",
+        "B",
+        "dtype",
+        "chunk",
+        *(("T",) if steps else ()),
+        "prefill",
+        "decode",
+        "tok/s",
+        "KV",
+        "KV calc",
+        "peak",
+    )
+    table = make_table(
+        "infermeter profile (ms, tokens/s, MiB)",
+        [(title, "left" if title == "dtype" else "right") for title in titles],
+        compact=True,
+        no_wrap=True,
+    )
     for p in points:
-        head = [str(p["prompt_tokens"]), str(p["batch_size"]), _SHORT_DTYPE.get(p["dtype"], p["dtype"]),
-                str(p["prefill_chunk_size"]), *((str(p["max_new_tokens"]),) if steps else ())]
+        head = [
+            str(p["prompt_tokens"]),
+            str(p["batch_size"]),
+            _SHORT_DTYPE.get(p["dtype"], p["dtype"]),
+            str(p["prefill_chunk_size"]),
+            *((str(p["max_new_tokens"]),) if steps else ()),
+        ]
         if p["failed"]:
             table.add_row(*head, "FAILED", *[""] * 5)
             continue
         table.add_row(
-            *head, fmt_value(p["prefill_ms"]), fmt_value(p["decode_ms_p50"]),
-            fmt_value(p["decode_tokens_per_s"]), fmt_value(p["kv_cache_bytes"], scale=mib),
-            fmt_value(p["kv_cache_bytes_formula"], scale=mib), fmt_value(p["peak_memory_bytes"], scale=mib),
+            *head,
+            fmt_value(p["prefill_ms"]),
+            fmt_value(p["decode_ms_p50"]),
+            fmt_value(p["decode_tokens_per_s"]),
+            fmt_value(p["kv_cache_bytes"], scale=mib),
+            fmt_value(p["kv_cache_bytes_formula"], scale=mib),
+            fmt_value(p["peak_memory_bytes"], scale=mib),
         )
     console.print(table)
     first = next((p for p in points if not p["failed"]), None)
@@ -144,5 +200,6 @@ def print_points(points: list[dict]) -> None:
             f"prefill = local TTFT; decode = p50 per step; {'T = max_new_tokens; ' if steps else ''}"
             f"KV calc = GQA-aware formula; weights "
             f"{first['weights_bytes'] / mib:,.1f} MiB; the seed's hidden_size KV form is "
-            f"{first['kv_seed_formula_ratio']:.2f}x the formula", highlight=False,
+            f"{first['kv_seed_formula_ratio']:.2f}x the formula",
+            highlight=False,
         )

@@ -46,7 +46,10 @@ def command(
     signal.signal(signal.SIGTERM, _raise_interrupt)
     try:
         with embedded_server(
-            cfg.model, engine=cfg.engine, n_ctx=cfg.n_ctx, startup_timeout_s=cfg.startup_timeout_s,
+            cfg.model,
+            engine=cfg.engine,
+            n_ctx=cfg.n_ctx,
+            startup_timeout_s=cfg.startup_timeout_s,
             api_key=key,
         ) as running:
             console.print(f"base_url: {running.base_url}", highlight=False)

@@ -44,8 +44,9 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
             data = None
         if isinstance(data, dict) and set(data) - set(StreamFlowConfig.model_fields):
             audit = load_or_fail(path, AuditConfig)
-            return StreamFlowConfig(stream=audit.stream, endpoint=audit.endpoint,
-                                    server=audit.server, tracking=audit.tracking)
+            return StreamFlowConfig(
+                stream=audit.stream, endpoint=audit.endpoint, server=audit.server, tracking=audit.tracking
+            )
     return load_or_fail(path, StreamFlowConfig)
 
 
@@ -58,10 +59,7 @@ def _check_endpoint(cfg: StreamFlowConfig) -> None:
     endpoint = cfg.endpoint
     if endpoint.base_url:
         if not endpoint.base_url.startswith(("http://", "https://")):
-            fail_input(
-                f"--base-url: {endpoint.base_url!r} has no scheme; write it like "
-                "http://host:8000/v1"
-            )
+            fail_input(f"--base-url: {endpoint.base_url!r} has no scheme; write it like http://host:8000/v1")
         if not endpoint.model:
             fail_input("--model: required with --base-url (the model name the server serves)")
     if endpoint.api_key_env and not os.environ.get(endpoint.api_key_env):
@@ -89,12 +87,16 @@ def _check_reachable(base_url: str) -> None:
     try:
         socket.create_connection((url.hostname, port), timeout=5).close()
     except TimeoutError:
-        fail_input(f"--base-url: {url.hostname}:{port} does not answer (timed out after 5 s); "
-                   "check the host and port, and that the server is up")
+        fail_input(
+            f"--base-url: {url.hostname}:{port} does not answer (timed out after 5 s); "
+            "check the host and port, and that the server is up"
+        )
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
-        fail_input(f"--base-url: nothing accepts connections at {url.hostname}:{port} ({reason}); "
-                   "start the server or fix the URL")
+        fail_input(
+            f"--base-url: nothing accepts connections at {url.hostname}:{port} ({reason}); "
+            "start the server or fix the URL"
+        )
 
 
 def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] | None:
@@ -115,26 +117,63 @@ def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] |
 
 
 def command(
-    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL (…/v1); none = start the embedded server (--engine).")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")] = None,
-    model: Annotated[Optional[str], typer.Option(help="Model name sent in requests (required with --base-url).")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")] = None,
+    base_url: Annotated[
+        Optional[str],
+        typer.Option(help="OpenAI-compatible base URL (…/v1); none = start the embedded server (--engine)."),
+    ] = None,
+    engine: Annotated[
+        Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")
+    ] = None,
+    model: Annotated[
+        Optional[str], typer.Option(help="Model name sent in requests (required with --base-url).")
+    ] = None,
+    api_key_env: Annotated[
+        Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")
+    ] = None,
     prompt: Annotated[Optional[list[str]], typer.Option(help="A prompt (repeat for several).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")] = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request (sent as max_tokens and max_completion_tokens).")] = None,
-    request_timeout_s: Annotated[Optional[float], typer.Option(help="Per-request timeout in seconds.")] = None,
-    tokenizer: Annotated[Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")] = None,
-    max_concurrency: Annotated[Optional[str], typer.Option(help="Concurrency levels, e.g. 1,4,16,64.")] = None,
-    request_rate: Annotated[Optional[str], typer.Option(help="Request rates in requests/s, e.g. 2,8,inf.")] = None,
-    burstiness: Annotated[Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")] = None,
+    prompts: Annotated[
+        Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")
+    ] = None,
+    max_tokens: Annotated[
+        Optional[int],
+        typer.Option(help="Output token limit per request (sent as max_tokens and max_completion_tokens)."),
+    ] = None,
+    request_timeout_s: Annotated[
+        Optional[float], typer.Option(help="Per-request timeout in seconds.")
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
+    ] = None,
+    max_concurrency: Annotated[
+        Optional[str], typer.Option(help="Concurrency levels, e.g. 1,4,16,64.")
+    ] = None,
+    request_rate: Annotated[
+        Optional[str], typer.Option(help="Request rates in requests/s, e.g. 2,8,inf.")
+    ] = None,
+    burstiness: Annotated[
+        Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")
+    ] = None,
     seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals and synthetic prompts.")] = None,
     num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")] = None,
+    warmup: Annotated[
+        Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")
+    ] = None,
     goodput: Annotated[Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50.")] = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")] = None,
-    output_len: Annotated[Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")] = None,
-    client_processes: Annotated[Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")] = None,
-    config: Annotated[Optional[Path], typer.Option(help="YAML config: stream-shaped (stream, endpoint, server, tracking) or an audit config.")] = None,
+    input_len: Annotated[
+        Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")
+    ] = None,
+    output_len: Annotated[
+        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
+    ] = None,
+    client_processes: Annotated[
+        Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")
+    ] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="YAML config: stream-shaped (stream, endpoint, server, tracking) or an audit config."
+        ),
+    ] = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -142,32 +181,54 @@ def command(
     cfg = load_stream_config(config)
     if input_len is not None and (prompt or prompts):
         fail_input("--input-len: synthetic prompts replace --prompt/--prompts; give one of them")
-    cfg = apply_overrides(cfg, "endpoint", {
-        "base_url": base_url, "model": model, "api_key_env": api_key_env,
-        "request_timeout_s": request_timeout_s, "tokenizer": tokenizer,
-    })
+    cfg = apply_overrides(
+        cfg,
+        "endpoint",
+        {
+            "base_url": base_url,
+            "model": model,
+            "api_key_env": api_key_env,
+            "request_timeout_s": request_timeout_s,
+            "tokenizer": tokenizer,
+        },
+    )
     cfg = apply_overrides(cfg, "server", {"engine": engine})
-    cfg = apply_overrides(cfg, "stream", {
-        "prompts": _prompts(prompt, prompts), "max_tokens": max_tokens,
-        "max_concurrency": parse_list("--max-concurrency", max_concurrency, int),
-        "request_rate": parse_list("--request-rate", request_rate, rate),
-        "burstiness": burstiness, "seed": seed, "num_requests": num_requests, "warmup": warmup,
-        "goodput": parse_slos(goodput), "input_len": input_len, "output_len": output_len,
-        "client_processes": client_processes, "enabled": True,
-    })
+    cfg = apply_overrides(
+        cfg,
+        "stream",
+        {
+            "prompts": _prompts(prompt, prompts),
+            "max_tokens": max_tokens,
+            "max_concurrency": parse_list("--max-concurrency", max_concurrency, int),
+            "request_rate": parse_list("--request-rate", request_rate, rate),
+            "burstiness": burstiness,
+            "seed": seed,
+            "num_requests": num_requests,
+            "warmup": warmup,
+            "goodput": parse_slos(goodput),
+            "input_len": input_len,
+            "output_len": output_len,
+            "client_processes": client_processes,
+            "enabled": True,
+        },
+    )
     _check_endpoint(cfg)
     check_embedded_engine(cfg)
 
     from flows.stream import stream
 
-    _, result = run_flow("stream", stream, cfg, track=not no_track, json_path=json_path,
-                         json_keys=("levels",))
+    _, result = run_flow(
+        "stream", stream, cfg, track=not no_track, json_path=json_path, json_keys=("levels",)
+    )
     if result["levels"]:
         print_levels(result["levels"])
     print_run_links(result)
     if result["error"]:
-        typer.echo(f"stream failed: {result['error']}; the requests finished before it are in "
-                   f"{Path(result['workdir']) / 'requests.jsonl'}", err=True)
+        typer.echo(
+            f"stream failed: {result['error']}; the requests finished before it are in "
+            f"{Path(result['workdir']) / 'requests.jsonl'}",
+            err=True,
+        )
         raise typer.Exit(1)
     measured = [r for lv in result["levels"] for r in lv["requests"] if not r["warmup"]]
     if measured and all(r["error"] is not None for r in measured):
@@ -181,18 +242,29 @@ def print_levels(levels: list[dict]) -> None:
     from tasks.report.plots import rate_label
 
     columns = [
-        ("ttft_ms_p50", "TTFT\np50"), ("ttft_ms_p99", "TTFT\np99"), ("itl_ms_p50", "ITL\np50"),
-        ("itl_ms_p99", "ITL\np99"), ("tpot_ms_mean", "TPOT\nmean"), ("e2e_ms_p50", "E2E\np50"),
-        ("output_tokens_per_s", "tok/s"), ("num_errors", "errors"),
+        ("ttft_ms_p50", "TTFT\np50"),
+        ("ttft_ms_p99", "TTFT\np99"),
+        ("itl_ms_p50", "ITL\np50"),
+        ("itl_ms_p99", "ITL\np99"),
+        ("tpot_ms_mean", "TPOT\nmean"),
+        ("e2e_ms_p50", "E2E\np50"),
+        ("output_tokens_per_s", "tok/s"),
+        ("num_errors", "errors"),
         ("client_loop_lag_ms_p99", "lag\np99"),
     ]
-    table = make_table("infermeter stream (ms; lag = client event-loop lag)",
-                       [(title, "right") for title in ("conc", "rate", *(t for _, t in columns))],
-                       compact=True)
+    table = make_table(
+        "infermeter stream (ms; lag = client event-loop lag)",
+        [(title, "right") for title in ("conc", "rate", *(t for _, t in columns))],
+        compact=True,
+    )
     table.add_column("client\nbound", no_wrap=True)
     for lv in levels:
         m = lv["metrics"]
         bound = {None: "n/a", 0: "no", 1: "YES"}.get(m.get("client_bound"), "n/a")
-        table.add_row(str(lv["max_concurrency"]), rate_label(lv["request_rate"]),
-                      *(fmt_value(m.get(key)) for key, _ in columns), bound)
+        table.add_row(
+            str(lv["max_concurrency"]),
+            rate_label(lv["request_rate"]),
+            *(fmt_value(m.get(key)) for key, _ in columns),
+            bound,
+        )
     console.print(table)

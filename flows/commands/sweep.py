@@ -28,33 +28,59 @@ from tasks.config import SweepFlowConfig
 
 
 def command(
-    config: Annotated[Optional[Path], typer.Option(help="YAML config (sweep, endpoint, server, tracking; see configs/sweep.yaml).")] = None,
-    temperature: Annotated[Optional[str], typer.Option(help="Temperatures, e.g. 0,0.7,1.2 (each in [0, 2]).")] = None,
+    config: Annotated[
+        Optional[Path],
+        typer.Option(help="YAML config (sweep, endpoint, server, tracking; see configs/sweep.yaml)."),
+    ] = None,
+    temperature: Annotated[
+        Optional[str], typer.Option(help="Temperatures, e.g. 0,0.7,1.2 (each in [0, 2]).")
+    ] = None,
     top_p: Annotated[Optional[str], typer.Option(help="top_p values, e.g. 0.9,1.0 (each in (0, 1]).")] = None,
     top_k: Annotated[Optional[str], typer.Option(help="top_k values, e.g. 0,40 (0 = off; >= 0).")] = None,
-    samples: Annotated[Optional[int], typer.Option(help="Samples per point (>= 1); sample i uses seed + i.")] = None,
+    samples: Annotated[
+        Optional[int], typer.Option(help="Samples per point (>= 1); sample i uses seed + i.")
+    ] = None,
     seed: Annotated[Optional[int], typer.Option(help="Base seed.")] = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="max_completion_tokens per sample.")] = None,
-    max_concurrency: Annotated[Optional[int], typer.Option(help="Requests in flight across the sweep.")] = None,
+    max_concurrency: Annotated[
+        Optional[int], typer.Option(help="Requests in flight across the sweep.")
+    ] = None,
     prompt: Annotated[Optional[str], typer.Option(help="The prompt every sample gets.")] = None,
     target: Annotated[Optional[str], typer.Option(help="endpoint (default) or local (transformers).")] = None,
-    base_url: Annotated[Optional[str], typer.Option(help="OpenAI-compatible base URL (default: the embedded server, --engine).")] = None,
-    engine: Annotated[Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")] = None,
+    base_url: Annotated[
+        Optional[str],
+        typer.Option(help="OpenAI-compatible base URL (default: the embedded server, --engine)."),
+    ] = None,
+    engine: Annotated[
+        Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")
+    ] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name sent to --base-url.")] = None,
-    api_key_env: Annotated[Optional[str], typer.Option(help="NAME of the env variable holding the key.")] = None,
-    no_resume: Annotated[bool, typer.Option("--no-resume", help="Run every point, even finished ones.")] = False,
+    api_key_env: Annotated[
+        Optional[str], typer.Option(help="NAME of the env variable holding the key.")
+    ] = None,
+    no_resume: Annotated[
+        bool, typer.Option("--no-resume", help="Run every point, even finished ones.")
+    ] = False,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
     """Sampling sweep: what temperature / top_p / top_k / seed do to the output and to speed."""
     cfg = load_or_fail(config, SweepFlowConfig)
-    cfg = apply_overrides(cfg, "sweep", {
-        "temperature": parse_list("--temperature", temperature, float),
-        "top_p": parse_list("--top-p", top_p, float),
-        "top_k": parse_list("--top-k", top_k, int),
-        "samples": samples, "seed": seed, "max_tokens": max_tokens,
-        "max_concurrency": max_concurrency, "prompt": prompt, "target": target,
-    })
+    cfg = apply_overrides(
+        cfg,
+        "sweep",
+        {
+            "temperature": parse_list("--temperature", temperature, float),
+            "top_p": parse_list("--top-p", top_p, float),
+            "top_k": parse_list("--top-k", top_k, int),
+            "samples": samples,
+            "seed": seed,
+            "max_tokens": max_tokens,
+            "max_concurrency": max_concurrency,
+            "prompt": prompt,
+            "target": target,
+        },
+    )
     cfg = apply_overrides(cfg, "endpoint", {"base_url": base_url, "model": model, "api_key_env": api_key_env})
     cfg = apply_overrides(cfg, "server", {"engine": engine})
     if cfg.sweep.target != "local":
@@ -63,13 +89,16 @@ def command(
         cfg = apply_overrides(cfg, None, {"resume": False})
     from flows.sweep import sweep
 
-    _, result = run_flow("sweep", sweep, cfg, track=not no_track, json_path=json_path,
-                         json_keys=("points", "headline"))
+    _, result = run_flow(
+        "sweep", sweep, cfg, track=not no_track, json_path=json_path, json_keys=("points", "headline")
+    )
     print_points(result["points"])
     headline = result["headline"]
     if headline:
-        console.print(f"points: {headline['sweep_points']}, skipped (already finished): "
-                      f"{headline['sweep_points_skipped']}, failed: {headline['sweep_points_failed']}")
+        console.print(
+            f"points: {headline['sweep_points']}, skipped (already finished): "
+            f"{headline['sweep_points_skipped']}, failed: {headline['sweep_points_failed']}"
+        )
     print_run_links(result)
     if result["error"]:
         typer.echo(f"sweep failed: {result['error']}", err=True)
@@ -77,17 +106,26 @@ def command(
 
 
 #: point key -> column header of the sweep table
-_COLUMNS = {"temperature": "T", "top_p": "top_p", "top_k": "top_k", "status": "status",
-            "identical_fraction": "identical", "distinct_2": "distinct-2",
-            "output_tokens_mean": "tokens", "ttft_ms_mean": "TTFT ms",
-            "determinism_violated": "det. violated"}
+_COLUMNS = {
+    "temperature": "T",
+    "top_p": "top_p",
+    "top_k": "top_k",
+    "status": "status",
+    "identical_fraction": "identical",
+    "distinct_2": "distinct-2",
+    "output_tokens_mean": "tokens",
+    "ttft_ms_mean": "TTFT ms",
+    "determinism_violated": "det. violated",
+}
 
 
 def print_points(points: list[dict]) -> None:
     """One row per sampling point: its settings, status (with the error class of a failed
     one), determinism and diversity figures, mean output tokens and TTFT (ms)."""
-    table = make_table("infermeter sweep", [(header, "left" if key == "status" else "right")
-                                            for key, header in _COLUMNS.items()])
+    table = make_table(
+        "infermeter sweep",
+        [(header, "left" if key == "status" else "right") for key, header in _COLUMNS.items()],
+    )
     for p in points:
         status = p["status"] + (f" ({p['error_class']})" if p.get("error_class") else "")
         table.add_row(*(status if k == "status" else fmt_value(p.get(k), ",.3g") for k in _COLUMNS))

@@ -31,12 +31,15 @@ def fmt_value(value: Any, spec: str | None = None, scale: float = 1.0) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
-def make_table(title: str, columns: Iterable[tuple[str, str]], *, compact: bool = False,
-               no_wrap: bool = False) -> Table:
+def make_table(
+    title: str, columns: Iterable[tuple[str, str]], *, compact: bool = False, no_wrap: bool = False
+) -> Table:
     """A table with a bold header and ``columns`` as (header, justify) pairs. ``compact``:
     a rule under the header only and no edge padding, for wide numeric tables (stream levels,
     profile points) that must fit a terminal."""
-    extra: dict[str, Any] = dict(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True) if compact else {}
+    extra: dict[str, Any] = (
+        dict(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True) if compact else {}
+    )
     table = Table(title=title, header_style="bold", **extra)
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=no_wrap)

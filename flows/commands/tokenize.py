@@ -53,11 +53,18 @@ def read_prompts(path: Path) -> list[str]:
 
 
 def command(
-    text: Annotated[Optional[list[str]], typer.Option("--text", help="A text to tokenize (repeat for more).")] = None,
-    prompts: Annotated[Optional[Path], typer.Option(help="File of prompts: one per line, or a YAML/JSON list.")] = None,
-    tokenizers_opt: Annotated[str, typer.Option(
-        "--tokenizers", help="Comma-separated: model, cl100k_base, qwen, hf:PATH_OR_ID, gguf:PATH."
-    )] = DEFAULT_TOKENIZERS,
+    text: Annotated[
+        Optional[list[str]], typer.Option("--text", help="A text to tokenize (repeat for more).")
+    ] = None,
+    prompts: Annotated[
+        Optional[Path], typer.Option(help="File of prompts: one per line, or a YAML/JSON list.")
+    ] = None,
+    tokenizers_opt: Annotated[
+        str,
+        typer.Option(
+            "--tokenizers", help="Comma-separated: model, cl100k_base, qwen, hf:PATH_OR_ID, gguf:PATH."
+        ),
+    ] = DEFAULT_TOKENIZERS,
     model: Annotated[str, typer.Option(help="Model spec whose tokenizer is `model`.")] = "gguf:default",
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
@@ -69,9 +76,14 @@ def command(
     """
     texts = list(text or []) + (read_prompts(prompts) if prompts else [])
     names = parse_list("--tokenizers", tokenizers_opt, str)
-    section = apply_overrides(TokenizeConfig(), None, {
-        "prompts": texts or list(DEFAULT_TOKENIZE_PROMPTS), "tokenizers": names,
-    })
+    section = apply_overrides(
+        TokenizeConfig(),
+        None,
+        {
+            "prompts": texts or list(DEFAULT_TOKENIZE_PROMPTS),
+            "tokenizers": names,
+        },
+    )
     try:  # load (and verify) every tokenizer before any run starts: bad data exits 2
         for name in section.tokenizers:
             tokenizers.load(name, model)
@@ -92,9 +104,22 @@ def command(
 def print_rows(rows: list[dict]) -> None:
     """One row per text x tokenizer: token count, chars per token and the first pieces (texts
     are plain Text: a piece such as '[/INST]' is not rich markup)."""
-    table = make_table("infermeter tokenize", (("tokenizer", "left"), ("text", "left"), ("tokens", "right"),
-                                               ("chars/token", "right"), ("pieces", "left")))
+    table = make_table(
+        "infermeter tokenize",
+        (
+            ("tokenizer", "left"),
+            ("text", "left"),
+            ("tokens", "right"),
+            ("chars/token", "right"),
+            ("pieces", "left"),
+        ),
+    )
     for r in rows:
-        table.add_row(Text(r["tokenizer"]), Text(r["text"].replace("\n", "⏎")[:40]), str(r["token_count"]),
-                      f"{r['chars_per_token'] or 0:.2f}", Text(" | ".join(r["pieces"])[:80]))
+        table.add_row(
+            Text(r["tokenizer"]),
+            Text(r["text"].replace("\n", "⏎")[:40]),
+            str(r["token_count"]),
+            f"{r['chars_per_token'] or 0:.2f}",
+            Text(" | ".join(r["pieces"])[:80]),
+        )
     console.print(table)

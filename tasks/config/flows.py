@@ -26,7 +26,8 @@ class RegressionConfig(_Strict):
 
     enabled: bool = Field(True, description="Compare with a baseline when one exists.")
     baseline_run_id: str | None = Field(
-        None, description="A named MLflow run as baseline; empty = median of the last N audits "
+        None,
+        description="A named MLflow run as baseline; empty = median of the last N audits "
         "of the same endpoint and model.",
     )
     baseline_last_n: int = Field(5, ge=1, description="N for the median baseline.")
@@ -42,8 +43,10 @@ class RegressionConfig(_Strict):
     def _known_metrics(cls, thresholds: dict[str, float]) -> dict[str, float]:
         for metric, value in thresholds.items():
             if not metrics.is_known_metric(metric):
-                raise ValueError(f"unknown metric {metric!r}; use a headline metric such as "
-                                 "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s")
+                raise ValueError(
+                    f"unknown metric {metric!r}; use a headline metric such as "
+                    "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s"
+                )
             if value == 0 or not math.isfinite(value):
                 raise ValueError(f"threshold for {metric} must be a non-zero percentage")
         return thresholds
@@ -87,10 +90,12 @@ class TokenizeFlowConfig(_Strict):
     name: str = Field("tokenize", min_length=1, description="Run name shown in MLflow and Prefect.")
     tokenize: TokenizeConfig = Field(default_factory=TokenizeConfig)
     model: str = Field(
-        "gguf:default", min_length=1,
+        "gguf:default",
+        min_length=1,
         description="Model source whose tokenizer is the tokenizer named `model` (see profile.model).",
     )
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
 
 class AuditConfig(_Strict):
     """The whole audit: four measuring stages, then the report."""
@@ -105,7 +110,8 @@ class AuditConfig(_Strict):
     tracking: TrackingConfig = Field(default_factory=TrackingConfig)
     regression: RegressionConfig = Field(default_factory=RegressionConfig)
     schedule_cron: str | None = Field(
-        None, description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
+        None,
+        description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
         "nightly); empty = no schedule.",
     )
 

@@ -48,7 +48,8 @@ class TokenizeConfig(_Strict):
         min_length=1,
     )
     tokenizers: list[str] = Field(
-        default_factory=lambda: ["model"], min_length=1,
+        default_factory=lambda: ["model"],
+        min_length=1,
         description="Tokenizers to compare: model (the model's own), cl100k_base (OpenAI, "
         "tiktoken), qwen (Qwen's BPE), hf:PATH_OR_ID, gguf:PATH. See tasks/tokenizers.py.",
     )
@@ -77,9 +78,7 @@ class ProfileConfig(_Strict):
     prompt_lengths: list[int] = Field(
         default_factory=lambda: [128], description="Prompt lengths in tokens.", min_length=1
     )
-    batch_sizes: list[int] = Field(
-        default_factory=lambda: [1], description="Batch sizes.", min_length=1
-    )
+    batch_sizes: list[int] = Field(default_factory=lambda: [1], description="Batch sizes.", min_length=1)
     dtypes: list[Literal["float32", "bfloat16", "float16"]] | None = Field(
         None,
         description="Weights and activations dtypes; null = the model's default (float32; "
@@ -155,9 +154,7 @@ class EndpointConfig(_Strict):
     @classmethod
     def _env_name(cls, value: str | None) -> str | None:
         if value is not None and not value.replace("_", "").isalnum():
-            raise ValueError(
-                "must be the name of an environment variable (letters, digits, _), not a key"
-            )
+            raise ValueError("must be the name of an environment variable (letters, digits, _), not a key")
         return value
 
 
@@ -165,11 +162,14 @@ class ServerConfig(_Strict):
     """The embedded server (used when endpoint.base_url is empty): llama.cpp or vLLM."""
 
     engine: Literal["llamacpp", "vllm"] = Field(
-        "llamacpp", description="llamacpp (default: one request at a time, quantised GGUF) or "
+        "llamacpp",
+        description="llamacpp (default: one request at a time, quantised GGUF) or "
         "vllm (continuous batching, /metrics; its own .venv-vllm: `make vllm`).",
     )
-    model: str = Field("gguf:default", description="GGUF model: gguf:default or gguf:PATH "
-                       "(vllm serves its Hugging Face conversion).")
+    model: str = Field(
+        "gguf:default",
+        description="GGUF model: gguf:default or gguf:PATH (vllm serves its Hugging Face conversion).",
+    )
     n_ctx: int = Field(2048, ge=128, description="Context window in tokens (vllm: --max-model-len).")
     n_threads: int | None = Field(None, ge=1, description="CPU threads (None = the engine's default).")
     startup_timeout_s: float = Field(120.0, gt=0, description="Seconds to wait for health.")
@@ -180,7 +180,8 @@ class StreamConfig(_Strict):
 
     enabled: bool = Field(True, description="Run this stage.")
     prompts: list[str] = Field(
-        default_factory=lambda: list(DEFAULT_STREAM_PROMPTS), min_length=1,
+        default_factory=lambda: list(DEFAULT_STREAM_PROMPTS),
+        min_length=1,
         description="Chat prompts, used round-robin.",
     )
     max_tokens: int = Field(64, ge=1, description="max_completion_tokens per request.")
@@ -195,7 +196,8 @@ class StreamConfig(_Strict):
         description="SLOs for goodput, e.g. {ttft_ms: 500, tpot_ms: 50} (metric <= value).",
     )
     request_rate: list[float | None] = Field(
-        default_factory=lambda: [None], min_length=1,
+        default_factory=lambda: [None],
+        min_length=1,
         description="Request rates in requests/s; null = inf (all at once). Levels are the "
         "cross product max_concurrency x request_rate.",
     )
@@ -211,11 +213,14 @@ class StreamConfig(_Strict):
     )
     ignore_eos: bool = Field(False, description="Send ignore_eos: true (vLLM, llama.cpp take it).")
     client_bound_tolerance_ms: float = Field(
-        1.0, gt=0, description="A level is client-bound when the client's event-loop lag p99 "
-        "exceeds this (ms).",
+        1.0,
+        gt=0,
+        description="A level is client-bound when the client's event-loop lag p99 exceeds this (ms).",
     )
     client_processes: int = Field(
-        1, ge=1, description="Client processes per level (at most its concurrency), for loads "
+        1,
+        ge=1,
+        description="Client processes per level (at most its concurrency), for loads "
         "one core cannot drive; records merged, clocks comparable.",
     )
 
@@ -313,11 +318,14 @@ class SweepConfig(_Strict):
     seed: int = Field(0, description="Base seed.")
     max_tokens: int = Field(32, ge=1, description="max_completion_tokens per sample.")
     max_concurrency: int = Field(
-        1, ge=1, description="Requests in flight at once across the whole sweep; points run "
+        1,
+        ge=1,
+        description="Requests in flight at once across the whole sweep; points run "
         "concurrently within it (the embedded llama.cpp server answers one at a time).",
     )
     target: Literal["endpoint", "local"] = Field(
-        "endpoint", description="endpoint = the configured / embedded server; local = "
+        "endpoint",
+        description="endpoint = the configured / embedded server; local = "
         "transformers generate on local_model with the same parameters.",
     )
     local_model: str = Field("gguf:default", description="Model spec for target local.")
@@ -341,4 +349,3 @@ class TrackingConfig(_Strict):
 
     enabled: bool = Field(True, description="Record the run in MLflow.")
     experiment: str = Field("infermeter", min_length=1, description="MLflow experiment name.")
-

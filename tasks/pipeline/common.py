@@ -47,7 +47,6 @@ class StageRun:
         self.tracker.end_run(self.run_id, "FAILED" if exc is not None else "FINISHED")
 
 
-
 def stage_logger(name: str):
     """The Prefect run logger inside a run; a plain ``infermeter.<name>`` logger outside one
     (a plain call in a test)."""

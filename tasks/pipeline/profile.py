@@ -37,22 +37,31 @@ def _profile_progress(total: int):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     bar = Progress(
-        TextColumn("profile"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.description}"),
-        TimeElapsedColumn(), console=Console(stderr=True), auto_refresh=False,
+        TextColumn("profile"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        auto_refresh=False,
     )
     return bar, bar.add_task("loading the model", total=total)
 
 
-def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePointResult,
-                 label: str) -> None:
+def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePointResult, label: str) -> None:
     """One point's child run under the stage's: tags, the point's parameters, its scalar
     figures, the per-step decode times as a series; FAILED (with an ``error`` tag) or FINISHED."""
     row = result.to_dict()
-    child = tracker.start_run(f"profile {label}", stage_run_id, {
-        "stage": "profile_point", "random_weights": result.random_weights,
-        "child_process": result.child_process,
-        **({"error": result.error} if result.failed else {}),
-    })
+    child = tracker.start_run(
+        f"profile {label}",
+        stage_run_id,
+        {
+            "stage": "profile_point",
+            "random_weights": result.random_weights,
+            "child_process": result.child_process,
+            **({"error": result.error} if result.failed else {}),
+        },
+    )
     tracker.log_params(child, {k: str(v) for k, v in result.parameters().items()})
     tracker.log_metrics(child, _scalars(row))
     if result.measurement is not None:
@@ -62,7 +71,10 @@ def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePoin
 
 @task(name="profile", **STAGE)
 def profile_stage(
-    cfg: ProfileConfig, target: TrackingTarget, parent_run_id: str | None, workdir: str,
+    cfg: ProfileConfig,
+    target: TrackingTarget,
+    parent_run_id: str | None,
+    workdir: str,
     show_progress: bool = False,
 ) -> dict:
     """Prefill and per-token decode over prompt length x batch size x dtype x prefill chunk size
@@ -91,7 +103,10 @@ def profile_stage(
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
         run.tracker.set_tags(run.run_id, {"device": device, "dtypes": ",".join(dtypes), "model": cfg.model})
         points = profile_points(
-            cfg.prompt_lengths, cfg.batch_sizes, dtypes, cfg.prefill_chunk_sizes,
+            cfg.prompt_lengths,
+            cfg.batch_sizes,
+            dtypes,
+            cfg.prefill_chunk_sizes,
             cfg.max_new_tokens_values,
         )
         show_steps = steps_swept(points)
@@ -110,8 +125,13 @@ def profile_stage(
             bar.refresh()
         try:
             results = run_sweep(
-                cfg.model, points, repeats=cfg.repeats, warmup=cfg.warmup, device=device,
-                num_layers=cfg.num_layers, on_point=on_point,
+                cfg.model,
+                points,
+                repeats=cfg.repeats,
+                warmup=cfg.warmup,
+                device=device,
+                num_layers=cfg.num_layers,
+                on_point=on_point,
             )
         finally:
             if bar is not None:

@@ -24,7 +24,10 @@ STREAM_HEADLINE = metrics.headline("stream")
 
 @task(name="stream", **STAGE)
 def stream_stage(
-    cfg: StreamConfig, endpoint: Endpoint, target: TrackingTarget, parent_run_id: str | None,
+    cfg: StreamConfig,
+    endpoint: Endpoint,
+    target: TrackingTarget,
+    parent_run_id: str | None,
     workdir: str,
 ) -> dict:
     """Stream the prompts at each load level (concurrency x rate); every finished request is
@@ -52,27 +55,38 @@ def stream_stage(
             """The level's child run: params, metrics, latency histograms."""
             rate_text = plots_module.rate_label(level.request_rate)
             child = run.tracker.start_run(
-                f"stream c={level.max_concurrency} rate={rate_text}", run.run_id,
+                f"stream c={level.max_concurrency} rate={rate_text}",
+                run.run_id,
                 {"stage": "stream_level"},
             )
-            run.tracker.log_params(child, {
-                "max_concurrency": str(level.max_concurrency), "request_rate": rate_text,
-                "burstiness": str(cfg.burstiness), "seed": str(cfg.seed),
-            })
+            run.tracker.log_params(
+                child,
+                {
+                    "max_concurrency": str(level.max_concurrency),
+                    "request_rate": rate_text,
+                    "burstiness": str(cfg.burstiness),
+                    "seed": str(cfg.seed),
+                },
+            )
             run.tracker.log_metrics(child, level.metrics)
             if run.tracker.enabled:
                 hist = plots_module.level_histograms(
-                    level.to_dict(), workdir_path / f"plots/level{level.level}_latency_hist.png")
+                    level.to_dict(), workdir_path / f"plots/level{level.level}_latency_hist.png"
+                )
                 run.tracker.log_artifact(child, hist, "plots")
                 plots.append(hist)
             run.tracker.end_run(child)
 
         with RecordWriter(journal) as writer:
             done = run_levels(
-                connection, settings_from_config(cfg, endpoint, prompts, prompt_tokens),
-                count_tokens=_token_counter(tokenizer), goodput=cfg.goodput,
-                client_processes=cfg.client_processes, on_record=writer.write,
-                on_level=log_level, logger=stage_logger("stream"),
+                connection,
+                settings_from_config(cfg, endpoint, prompts, prompt_tokens),
+                count_tokens=_token_counter(tokenizer),
+                goodput=cfg.goodput,
+                client_processes=cfg.client_processes,
+                on_record=writer.write,
+                on_level=log_level,
+                logger=stage_logger("stream"),
             )
         levels = [level.to_dict() for level in done]
         requests_path, tokens_path = workdir_path / "requests.parquet", workdir_path / "tokens.parquet"

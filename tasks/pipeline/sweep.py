@@ -33,8 +33,12 @@ from tasks.tracking import TrackingTarget, flatten_params
 
 @task(name="sweep", **STAGE)
 def sweep_stage(
-    cfg: SweepConfig, endpoint: Endpoint | None, target: TrackingTarget, parent_run_id: str | None,
-    workdir: str, resume: bool = False,
+    cfg: SweepConfig,
+    endpoint: Endpoint | None,
+    target: TrackingTarget,
+    parent_run_id: str | None,
+    workdir: str,
+    resume: bool = False,
 ) -> dict:
     """N samples per sweep point, against the endpoint or (``cfg.target == "local"``) the local
     model; one child run per point, logged as the point finishes (params = the point, samples
@@ -78,12 +82,23 @@ def sweep_stage(
 
             model, hf_tokenizer = load_model(cfg.local_model)
             for p in todo:
-                keep(run_point_local(model, hf_tokenizer, p, prompt=cfg.prompt,
-                                     samples=cfg.samples, encode=tokenizer.encode))
+                keep(
+                    run_point_local(
+                        model,
+                        hf_tokenizer,
+                        p,
+                        prompt=cfg.prompt,
+                        samples=cfg.samples,
+                        encode=tokenizer.encode,
+                    )
+                )
         elif todo:
             asyncio.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys, keep))
         outcomes = collect_outcomes(
-            points, keys, done, finished,
+            points,
+            keys,
+            done,
+            finished,
             load_samples=lambda run_id: run.tracker.load_table(run_id, "samples.json"),
         )
         out = [o.to_dict() for o in outcomes]
@@ -115,9 +130,16 @@ async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, ke
     client = connect(Connection.of(endpoint), cfg.max_concurrency)
     try:
         return await run_points(
-            client, points, model=endpoint.model, prompt=cfg.prompt, samples=cfg.samples,
-            max_concurrency=cfg.max_concurrency, count_tokens=lambda text: len(encode(text)),
-            encode=encode, api_key_env=endpoint.api_key_env, key=keys.__getitem__,
+            client,
+            points,
+            model=endpoint.model,
+            prompt=cfg.prompt,
+            samples=cfg.samples,
+            max_concurrency=cfg.max_concurrency,
+            count_tokens=lambda text: len(encode(text)),
+            encode=encode,
+            api_key_env=endpoint.api_key_env,
+            key=keys.__getitem__,
             on_point=lambda result: asyncio.to_thread(keep, result),
         )
     finally:

@@ -17,7 +17,10 @@ from tasks.tracking import TrackingTarget
 
 @task(name="tokenize", **STAGE)
 def tokenize_stage(
-    cfg: TokenizeConfig, model_spec: str, target: TrackingTarget, parent_run_id: str | None,
+    cfg: TokenizeConfig,
+    model_spec: str,
+    target: TrackingTarget,
+    parent_run_id: str | None,
     workdir: str,
 ) -> dict:
     """Token ids, pieces, counts and chars/bytes per token for every prompt x tokenizer
@@ -36,20 +39,30 @@ def tokenize_stage(
         path = Path(workdir) / "tokenize.json"
         path.write_text(json.dumps(rows, ensure_ascii=False, indent=1), encoding="utf-8")
         chart = plots_module.token_count_bars(rows, Path(workdir) / "token_counts.png")
-        run.tracker.log_params(run.run_id, {
-            "tokenizer": model_spec, "tokenizers": ",".join(cfg.tokenizers),
-            "prompts.count": str(len(cfg.prompts)),
-        })
-        run.tracker.set_tags(run.run_id, {
-            f"tokenizer_source.{tokenizers.metric_name(t.name)}": t.source for t in loaded
-        })
+        run.tracker.log_params(
+            run.run_id,
+            {
+                "tokenizer": model_spec,
+                "tokenizers": ",".join(cfg.tokenizers),
+                "prompts.count": str(len(cfg.prompts)),
+            },
+        )
+        run.tracker.set_tags(
+            run.run_id, {f"tokenizer_source.{tokenizers.metric_name(t.name)}": t.source for t in loaded}
+        )
         run.tracker.log_metrics(run.run_id, metrics)
-        run.tracker.log_table(run.run_id, [
-            {**row, "ids": json.dumps(row["ids"]), "pieces": json.dumps(row["pieces"], ensure_ascii=False)}
-            for row in rows
-        ], "tokens_table.json")
+        run.tracker.log_table(
+            run.run_id,
+            [
+                {
+                    **row,
+                    "ids": json.dumps(row["ids"]),
+                    "pieces": json.dumps(row["pieces"], ensure_ascii=False),
+                }
+                for row in rows
+            ],
+            "tokens_table.json",
+        )
         for artifact in (path, chart):
             run.tracker.log_artifact(run.run_id, artifact)
         return {"rows": rows, "metrics": metrics, "mlflow_run_id": run.run_id}
-
-

@@ -16,7 +16,12 @@ from tasks.models import default_dtype, model_config, resolve
 from tasks.profile.timing import resolve_device
 
 __all__ = [
-    "DTYPES", "ProfilePoint", "check_request", "chosen_dtypes", "point_label", "profile_points",
+    "DTYPES",
+    "ProfilePoint",
+    "check_request",
+    "chosen_dtypes",
+    "point_label",
+    "profile_points",
     "steps_swept",
 ]
 
@@ -63,9 +68,7 @@ def profile_points(
         for n in prompt_lengths:
             chunks = sorted({c if 0 < c < n else 0 for c in prefill_chunk_sizes})
             for batch in batch_sizes:
-                points.extend(
-                    ProfilePoint(n, batch, dtype, c, t) for c in chunks for t in steps_values
-                )
+                points.extend(ProfilePoint(n, batch, dtype, c, t) for c in chunks for t in steps_values)
     return points
 
 
@@ -142,7 +145,8 @@ def check_request(
         if too_long:
             fix = (
                 f"use prompt lengths <= {context - steps} or a smaller max_new_tokens"
-                if steps < context else f"use max_new_tokens < {context}"
+                if steps < context
+                else f"use max_new_tokens < {context}"
             )
             raise ValueError(
                 f"prompt length {too_long[0]} + max_new_tokens {steps} exceeds the model's "
@@ -154,6 +158,9 @@ def check_request(
 def point_label(row: dict, steps: bool = False) -> str:
     """The label of a result row (see :meth:`ProfilePoint.label`; ``steps``: show ``T=``)."""
     return ProfilePoint(
-        row["prompt_tokens"], row["batch_size"], row["dtype"], row.get("prefill_chunk_size", 0),
+        row["prompt_tokens"],
+        row["batch_size"],
+        row["dtype"],
+        row.get("prefill_chunk_size", 0),
         row.get("max_new_tokens"),
     ).label(steps)

@@ -45,9 +45,7 @@ DEFAULT_PROMPT_TEXT = (
 )
 
 
-def make_prompt_ids(
-    tokenizer: Any, length: int, text: str = DEFAULT_PROMPT_TEXT
-) -> torch.LongTensor:
+def make_prompt_ids(tokenizer: Any, length: int, text: str = DEFAULT_PROMPT_TEXT) -> torch.LongTensor:
     """Token ids of ``text`` (no special tokens: no BOS), tiled / cut to exactly ``length``.
 
     ``tokenizer`` is anything with ``encode(text, add_special_tokens=False)`` (a transformers
@@ -73,9 +71,7 @@ def _warmup_and_runs(
 ) -> tuple[list[float], list[TimedRun]]:
     """Untimed-for-statistics warm-up runs (their prefill times kept), then the timed runs,
     inside ``window`` (a context manager, e.g. :class:`NvmlSampler`) when one is given."""
-    warmup_prefill_ms = [
-        one_run(model, input_ids, max_new_tokens, chunk).prefill_ms for _ in range(warmup)
-    ]
+    warmup_prefill_ms = [one_run(model, input_ids, max_new_tokens, chunk).prefill_ms for _ in range(warmup)]
     with window if window is not None else contextlib.nullcontext():
         runs = [one_run(model, input_ids, max_new_tokens, chunk) for _ in range(repeats)]
     return warmup_prefill_ms, runs
@@ -143,8 +139,12 @@ def profile_point(
         RuntimeError: cuda asked for but not available (from :func:`resolve_device`).
     """
     _check_point_arguments(
-        prompt_ids, batch_size=(batch_size, 1), max_new_tokens=(max_new_tokens, 1),
-        repeats=(repeats, 1), warmup=(warmup, 0), prefill_chunk_size=(prefill_chunk_size, 0),
+        prompt_ids,
+        batch_size=(batch_size, 1),
+        max_new_tokens=(max_new_tokens, 1),
+        repeats=(repeats, 1),
+        warmup=(warmup, 0),
+        prefill_chunk_size=(prefill_chunk_size, 0),
     )
     device = resolve_device(device)
     first_param = next(model.parameters())
@@ -244,7 +244,8 @@ def profile_point(
         gpu_metrics=GpuMetrics.from_readings(gpu.metrics) if gpu is not None else None,
         device=str(device),
         device_name=(
-            torch.cuda.get_device_name(device) if device.type == "cuda"
+            torch.cuda.get_device_name(device)
+            if device.type == "cuda"
             else (platform.processor() or platform.machine())
         ),
         dtype=str(dtype).removeprefix("torch."),

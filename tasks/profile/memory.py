@@ -85,8 +85,12 @@ def kv_cache_bytes_formula(
         ValueError: an argument is negative or not an integer.
     """
     _check_non_negative(
-        batch=batch, positions=positions, num_layers=num_layers,
-        num_kv_heads=num_kv_heads, head_dim=head_dim, dtype_bytes=dtype_bytes,
+        batch=batch,
+        positions=positions,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype_bytes=dtype_bytes,
     )
     return int(batch * positions * 2 * num_layers * num_kv_heads * head_dim * dtype_bytes)
 
@@ -106,8 +110,11 @@ def kv_cache_bytes_seed_formula(
         ValueError: an argument is negative or not an integer.
     """
     _check_non_negative(
-        batch=batch, positions=positions, num_layers=num_layers,
-        hidden_size=hidden_size, dtype_bytes=dtype_bytes,
+        batch=batch,
+        positions=positions,
+        num_layers=num_layers,
+        hidden_size=hidden_size,
+        dtype_bytes=dtype_bytes,
     )
     return int(batch * positions * 2 * num_layers * hidden_size * dtype_bytes)
 
@@ -139,9 +146,7 @@ def kv_geometry(config: Any) -> tuple[int, int, int]:
     num_layers = getattr(cfg, "num_hidden_layers", None)
     num_heads = getattr(cfg, "num_attention_heads", None)
     if num_layers is None or num_heads is None:
-        raise ValueError(
-            "config has no num_hidden_layers / num_attention_heads: not a decoder config"
-        )
+        raise ValueError("config has no num_hidden_layers / num_attention_heads: not a decoder config")
     num_kv_heads = getattr(cfg, "num_key_value_heads", None) or num_heads
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // num_heads
     return int(num_layers), int(num_kv_heads), int(head_dim)
@@ -250,8 +255,11 @@ def estimate_point_memory(
         ValueError: a count is negative, or the config is not a decoder config.
     """
     _check_non_negative(
-        parameters=parameters, dtype_bytes=dtype_bytes, batch=batch,
-        prompt_tokens=prompt_tokens, max_new_tokens=max_new_tokens,
+        parameters=parameters,
+        dtype_bytes=dtype_bytes,
+        batch=batch,
+        prompt_tokens=prompt_tokens,
+        max_new_tokens=max_new_tokens,
         prefill_chunk_size=prefill_chunk_size,
     )
     cfg = _text_config(config)
@@ -287,8 +295,9 @@ def check_memory(what: str, need: PointMemory, available: int, weights_resident:
     """
     needed = need.total_bytes - (need.weights_bytes if weights_resident else 0)
     if needed > available:
-        parts = (f"KV cache {format_gib(need.kv_cache_bytes)} + activations "
-                 f"{format_gib(need.activation_bytes)}")
+        parts = (
+            f"KV cache {format_gib(need.kv_cache_bytes)} + activations {format_gib(need.activation_bytes)}"
+        )
         if not weights_resident:
             parts = f"weights {format_gib(need.weights_bytes)} + {parts}"
         raise MemoryNeedError(

@@ -31,9 +31,7 @@ from tasks.profile.timing import Timer, synchronize
 __all__ = ["TimedRun", "decode_one_token", "greedy", "last_hidden_state_shape", "one_run", "prefill"]
 
 
-def prefill(
-    model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, chunk_size: int = 0
-) -> torch.Tensor:
+def prefill(model: torch.nn.Module, input_ids: torch.Tensor, cache: Any, chunk_size: int = 0) -> torch.Tensor:
     """Forward the whole prompt, filling ``cache``; returns the last position's logits.
 
     input_ids: LongTensor [B, N]. Returns logits [B, vocab] (only the last position goes
@@ -54,7 +52,9 @@ def prefill(
     step = chunk_size if 0 < chunk_size < n else n
     for start in range(0, n, step):
         out = model(
-            input_ids=input_ids[:, start : start + step], past_key_values=cache, use_cache=True,
+            input_ids=input_ids[:, start : start + step],
+            past_key_values=cache,
+            use_cache=True,
             logits_to_keep=1,
         )
     return out.logits[:, -1, :]
@@ -85,9 +85,7 @@ class TimedRun:
     kv_cache_positions: int  #: positions held at the end (N + T)
 
 
-def one_run(
-    model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, chunk: int = 0
-) -> TimedRun:
+def one_run(model: torch.nn.Module, input_ids: torch.Tensor, max_new_tokens: int, chunk: int = 0) -> TimedRun:
     """Prefill + exactly ``max_new_tokens`` decode steps in a fresh DynamicCache, each timed on
     the device's clock (:class:`~tasks.profile.timing.Timer`). input_ids: LongTensor [B, N]."""
     from transformers import DynamicCache
@@ -111,8 +109,11 @@ def one_run(
 
     spans = timer.elapsed_ms()  # synchronises on CUDA
     run = TimedRun(
-        prefill_ms=spans[0], decode_ms=spans[1:], tokens=torch.cat(tokens, dim=1),
-        kv_cache_bytes_after_prefill=kv_after_prefill, kv_cache_bytes=kv_cache_bytes_measured(cache),
+        prefill_ms=spans[0],
+        decode_ms=spans[1:],
+        tokens=torch.cat(tokens, dim=1),
+        kv_cache_bytes_after_prefill=kv_after_prefill,
+        kv_cache_bytes=kv_cache_bytes_measured(cache),
         kv_cache_positions_after_prefill=positions_after_prefill,
         kv_cache_positions=cache.get_seq_length(),
     )
@@ -132,8 +133,11 @@ def last_hidden_state_shape(model, input_ids: torch.Tensor, chunk: int) -> list[
     rows = 0
     for start in range(0, n, step):
         out = model(
-            input_ids=input_ids[:, start : start + step], past_key_values=cache, use_cache=True,
-            output_hidden_states=True, logits_to_keep=1,
+            input_ids=input_ids[:, start : start + step],
+            past_key_values=cache,
+            use_cache=True,
+            output_hidden_states=True,
+            logits_to_keep=1,
         )
         batch, length, hidden = out.hidden_states[-1].shape
         rows += length

@@ -40,9 +40,9 @@ def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
         keys = (*keys, "max_new_tokens")
     groups: dict[str, list[dict]] = defaultdict(list)
     for row in rows:
-        groups[" ".join(
-            f"{'T' if k == 'max_new_tokens' else k.split('_')[0]}={row[k]}" for k in keys
-        )].append(row)
+        groups[
+            " ".join(f"{'T' if k == 'max_new_tokens' else k.split('_')[0]}={row[k]}" for k in keys)
+        ].append(row)
     return groups
 
 
@@ -70,8 +70,9 @@ def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
     for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
         group = sorted(group, key=lambda r: r["prompt_tokens"])
         ax.plot([r["prompt_tokens"] for r in group], [r["prefill_ms"] for r in group], "o-", label=label)
-    _label_axes(ax, "prompt length [tokens]", "prefill_ms (local TTFT) [ms]",
-                "Prefill time against prompt length")
+    _label_axes(
+        ax, "prompt length [tokens]", "prefill_ms (local TTFT) [ms]", "Prefill time against prompt length"
+    )
     return _save(fig, path)
 
 
@@ -82,8 +83,12 @@ def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
         start = row["prompt_tokens"]
         positions = range(start, start + len(row["decode_ms"]))
         ax.plot(list(positions), row["decode_ms"], ".-", label=point_label(row, steps))
-    _label_axes(ax, "context position written by the step [tokens]", "decode_ms per step [ms]",
-                "Decode step time against context position (median repeat)")
+    _label_axes(
+        ax,
+        "context position written by the step [tokens]",
+        "decode_ms per step [ms]",
+        "Decode step time against context position (median repeat)",
+    )
     return _save(fig, path)
 
 
@@ -98,10 +103,20 @@ def memory_vs_sequence_length(rows: Sequence[dict], path: Path) -> Path:
         line = ax.plot(xs, measured, "o", label=f"KV measured {label}")[0]
         ax.plot(xs, formula, "-", color=line.get_color(), alpha=0.6, label=f"KV formula {label}")
         peak = sorted(group, key=lambda r: r["kv_cache_positions"])
-        ax.plot([r["kv_cache_positions"] for r in peak], [r["peak_memory_bytes"] / MIB for r in peak],
-                "s--", color=line.get_color(), label=f"peak memory {label}")
-    _label_axes(ax, "positions held in the KV cache [tokens]", "memory [MiB]",
-                "KV cache and peak memory against sequence length", legend="x-small")
+        ax.plot(
+            [r["kv_cache_positions"] for r in peak],
+            [r["peak_memory_bytes"] / MIB for r in peak],
+            "s--",
+            color=line.get_color(),
+            label=f"peak memory {label}",
+        )
+    _label_axes(
+        ax,
+        "positions held in the KV cache [tokens]",
+        "memory [MiB]",
+        "KV cache and peak memory against sequence length",
+        legend="x-small",
+    )
     return _save(fig, path)
 
 

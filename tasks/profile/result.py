@@ -155,8 +155,12 @@ class ProfilePointResult:
     def parameters(self) -> dict[str, Any]:
         """The values that identify the point (model, prompt_tokens, batch_size, dtype,
         prefill_chunk_size, max_new_tokens, device, random_weights)."""
-        return {"model": self.model, **asdict(self.point), "device": self.device,
-                "random_weights": self.random_weights}
+        return {
+            "model": self.model,
+            **asdict(self.point),
+            "device": self.device,
+            "random_weights": self.random_weights,
+        }
 
     def to_dict(self) -> dict[str, Any]:
         """The row: :meth:`parameters`, failed, error, memory_estimate_bytes, child_process,
@@ -165,9 +169,13 @@ class ProfilePointResult:
         Keys the measurement shares with the parameters keep their place; the measurement's
         values win, except ``dtype``, which stays the point's (the names are the same).
         """
-        row = {**self.parameters(), "failed": self.failed, "error": self.error,
-               "memory_estimate_bytes": self.memory_estimate_bytes,
-               "child_process": self.child_process}
+        row = {
+            **self.parameters(),
+            "failed": self.failed,
+            "error": self.error,
+            "memory_estimate_bytes": self.memory_estimate_bytes,
+            "child_process": self.child_process,
+        }
         if self.measurement is not None:
             row.update(self.measurement.to_dict())
             row["dtype"] = self.point.dtype

@@ -80,15 +80,25 @@ def _describe(exc: BaseException) -> str:
 
 
 def _profile_loaded(
-    model: torch.nn.Module, tokenizer: Any, point: ProfilePoint, random_weights: bool,
-    repeats: int, warmup: int, device: torch.device,
+    model: torch.nn.Module,
+    tokenizer: Any,
+    point: ProfilePoint,
+    random_weights: bool,
+    repeats: int,
+    warmup: int,
+    device: torch.device,
 ) -> tuple[PointMeasurement, str | None]:
     """One point on a loaded model: :func:`tasks.profile.measure.profile_point` and the
     generated text (None for random weights: their text means nothing)."""
     prompt_ids = make_prompt_ids(tokenizer, point.prompt_tokens)
     measurement = profile_point(
-        model, prompt_ids=prompt_ids, batch_size=point.batch_size,
-        max_new_tokens=point.max_new_tokens, repeats=repeats, warmup=warmup, device=device,
+        model,
+        prompt_ids=prompt_ids,
+        batch_size=point.batch_size,
+        max_new_tokens=point.max_new_tokens,
+        repeats=repeats,
+        warmup=warmup,
+        device=device,
         prefill_chunk_size=point.prefill_chunk_size,
     )
     text = None if random_weights else tokenizer.decode(list(measurement.generated_token_ids))
@@ -96,8 +106,13 @@ def _profile_loaded(
 
 
 def _point_in_child(
-    conn: Any, spec: str, device: str, num_layers: int | None, point: ProfilePoint,
-    repeats: int, warmup: int,
+    conn: Any,
+    spec: str,
+    device: str,
+    num_layers: int | None,
+    point: ProfilePoint,
+    repeats: int,
+    warmup: int,
 ) -> None:
     """The body of a spawned child: load the model, profile one point, send
     ``("ok", (measurement, generated_text))`` or ``("error", "ExceptionClass: message")``
@@ -107,8 +122,8 @@ def _point_in_child(
         model, tokenizer = load_model(spec, point.dtype, str(resolved), num_layers=num_layers)
         _touch_weights(model, resolved)
         message: tuple[str, Any] = (
-            "ok", _profile_loaded(model, tokenizer, point, resolve(spec).random_weights,
-                                  repeats, warmup, resolved),
+            "ok",
+            _profile_loaded(model, tokenizer, point, resolve(spec).random_weights, repeats, warmup, resolved),
         )
     except Exception as exc:  # noqa: BLE001 - sent to the parent, recorded there
         message = ("error", _describe(exc))
@@ -137,16 +152,23 @@ def _bare_main():
 
 
 def _run_in_child(
-    spec: str, point: ProfilePoint, *, device: torch.device, num_layers: int | None,
-    repeats: int, warmup: int,
+    spec: str,
+    point: ProfilePoint,
+    *,
+    device: torch.device,
+    num_layers: int | None,
+    repeats: int,
+    warmup: int,
 ) -> tuple[tuple[str, Any] | None, int | None]:
     """Run one point in a ``multiprocessing`` spawn child; returns (its message or None when it
     ended without one, its exit code; negative = killed by that signal)."""
     context = multiprocessing.get_context("spawn")  # fork is unsafe with CUDA and threads
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
-        target=_point_in_child, args=(send, spec, str(device), num_layers, point, repeats, warmup),
-        name=f"infermeter profile {point.label(True)}", daemon=True,
+        target=_point_in_child,
+        args=(send, spec, str(device), num_layers, point, repeats, warmup),
+        name=f"infermeter profile {point.label(True)}",
+        daemon=True,
     )
     with _bare_main():
         child.start()
@@ -173,13 +195,15 @@ def _death_cause(label: str, exitcode: int | None, need: PointMemory, free: int)
             how += ", as the kernel's out-of-memory killer does"
     else:
         how = f"exited with code {exitcode} without a result"
-    return _describe(PointProcessDied(
-        f"{label}: the child process running the point {how}; estimated need about "
-        f"{format_gib(need.total_bytes)} (weights {format_gib(need.weights_bytes)} + KV cache "
-        f"{format_gib(need.kv_cache_bytes)} + activations {format_gib(need.activation_bytes)}), "
-        f"{format_gib(free)} available; use a smaller batch or prompt, bfloat16, or a prefill "
-        "chunk size"
-    ))
+    return _describe(
+        PointProcessDied(
+            f"{label}: the child process running the point {how}; estimated need about "
+            f"{format_gib(need.total_bytes)} (weights {format_gib(need.weights_bytes)} + KV cache "
+            f"{format_gib(need.kv_cache_bytes)} + activations {format_gib(need.activation_bytes)}), "
+            f"{format_gib(free)} available; use a smaller batch or prompt, bfloat16, or a prefill "
+            "chunk size"
+        )
+    )
 
 
 def run_sweep(
@@ -223,8 +247,9 @@ def run_sweep(
     """
     device = resolve_device(device)
     source = resolve(spec)
-    points = [p if p.max_new_tokens is not None else replace(p, max_new_tokens=max_new_tokens)
-              for p in points]
+    points = [
+        p if p.max_new_tokens is not None else replace(p, max_new_tokens=max_new_tokens) for p in points
+    ]
     if any(p.max_new_tokens is None for p in points):
         raise ValueError("max_new_tokens: give it to run_sweep or to every ProfilePoint")
     show_steps = steps_swept(points)
@@ -234,20 +259,33 @@ def run_sweep(
 
     def estimate(point: ProfilePoint) -> PointMemory:
         return estimate_point_memory(
-            config, parameters=parameters, dtype_bytes=dtype_bytes(getattr(torch, point.dtype)),
-            batch=point.batch_size, prompt_tokens=point.prompt_tokens,
-            max_new_tokens=point.max_new_tokens, prefill_chunk_size=point.prefill_chunk_size,
+            config,
+            parameters=parameters,
+            dtype_bytes=dtype_bytes(getattr(torch, point.dtype)),
+            batch=point.batch_size,
+            prompt_tokens=point.prompt_tokens,
+            max_new_tokens=point.max_new_tokens,
+            prefill_chunk_size=point.prefill_chunk_size,
         )
 
     def record(
-        index: int, point: ProfilePoint, ran: tuple[PointMeasurement, str | None] | None,
-        error: str | None, child: bool,
+        index: int,
+        point: ProfilePoint,
+        ran: tuple[PointMeasurement, str | None] | None,
+        error: str | None,
+        child: bool,
     ) -> None:
         measurement, text = ran if ran is not None else (None, None)
         row = ProfilePointResult(
-            model=spec, point=point, device=str(device), random_weights=source.random_weights,
-            error=error, memory_estimate_bytes=estimate(point).total_bytes, child_process=child,
-            measurement=measurement, generated_text=text,
+            model=spec,
+            point=point,
+            device=str(device),
+            random_weights=source.random_weights,
+            error=error,
+            memory_estimate_bytes=estimate(point).total_bytes,
+            child_process=child,
+            measurement=measurement,
+            generated_text=text,
         )
         results[index] = row
         if on_point is not None:
@@ -285,10 +323,15 @@ def run_sweep(
                 try:
                     for index, point in here:
                         try:
-                            check_memory(point.label(show_steps), estimate(point), available(device),
-                                         weights_resident=True)
-                            ran = _profile_loaded(model, tokenizer, point, source.random_weights,
-                                                  repeats, warmup, device)
+                            check_memory(
+                                point.label(show_steps),
+                                estimate(point),
+                                available(device),
+                                weights_resident=True,
+                            )
+                            ran = _profile_loaded(
+                                model, tokenizer, point, source.random_weights, repeats, warmup, device
+                            )
                         except Exception as exc:  # noqa: BLE001 - recorded; the sweep goes on
                             release()
                             record(index, point, None, _describe(exc), False)
@@ -317,5 +360,3 @@ def run_sweep(
             else:
                 record(index, point, None, message[1], True)
     return [results[i] for i in range(len(points))]
-
-

@@ -53,8 +53,12 @@ def random_llama(
     if intermediate is None:
         intermediate = -(-(8 * hidden // 3) // 256) * 256
     config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=intermediate,
-        num_hidden_layers=num_layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=num_layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=max_positions,
     )
     torch.manual_seed(seed)
@@ -78,15 +82,21 @@ def _build_standalone(
         tasks.profile.memory.MemoryNeedError: the point would not fit in the available memory.
     """
     if args.model is None:
-        shape = {k: _SHAPE_DEFAULTS[k] if getattr(args, k) is None else getattr(args, k)
-                 for k in _SHAPE_DEFAULTS}
+        shape = {
+            k: _SHAPE_DEFAULTS[k] if getattr(args, k) is None else getattr(args, k) for k in _SHAPE_DEFAULTS
+        }
         dtype = args.dtype or "bfloat16"
         model = random_llama(
-            num_layers=2 if args.num_layers is None else args.num_layers, hidden=shape["hidden"],
-            heads=shape["heads"], kv_heads=shape["kv_heads"] or shape["heads"],
-            intermediate=shape["intermediate"], vocab=shape["vocab"],
+            num_layers=2 if args.num_layers is None else args.num_layers,
+            hidden=shape["hidden"],
+            heads=shape["heads"],
+            kv_heads=shape["kv_heads"] or shape["heads"],
+            intermediate=shape["intermediate"],
+            vocab=shape["vocab"],
             max_positions=max(4096, args.prompt_lengths + args.max_new_tokens),
-            dtype=getattr(torch, dtype), device=device, seed=args.seed,
+            dtype=getattr(torch, dtype),
+            device=device,
+            seed=args.seed,
         )
         return model, shape["vocab"], None
 
@@ -108,8 +118,11 @@ def _build_standalone(
         args.model, [dtype], [args.prompt_lengths], args.max_new_tokens, str(device), args.num_layers
     )
     need = estimate_point_memory(
-        config, parameters=parameter_count(config), dtype_bytes=dtype_bytes(getattr(torch, dtype)),
-        batch=args.batch_size, prompt_tokens=args.prompt_lengths,
+        config,
+        parameters=parameter_count(config),
+        dtype_bytes=dtype_bytes(getattr(torch, dtype)),
+        batch=args.batch_size,
+        prompt_tokens=args.prompt_lengths,
         max_new_tokens=args.max_new_tokens,
     )
     check_memory(f"{args.model} in {dtype}", need, available_memory_bytes(device), weights_resident=False)
@@ -136,35 +149,56 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m tasks.profile",
         description="Profile one point of a random-weight model; print the result as JSON.",
     )
-    parser.add_argument("--model", default=None,
-                        help="arch:NAME (smollm2-135m, llama-2-7b, llama-3-8b) or "
-                             "arch:PATH/config.json; default: a Llama of the shape flags")
-    parser.add_argument("--num-layers", type=int, default=None,
-                        help="keep the first N layers of --model (default: all); shape flags: 2")
+    parser.add_argument(
+        "--model",
+        default=None,
+        help="arch:NAME (smollm2-135m, llama-2-7b, llama-3-8b) or "
+        "arch:PATH/config.json; default: a Llama of the shape flags",
+    )
+    parser.add_argument(
+        "--num-layers",
+        type=int,
+        default=None,
+        help="keep the first N layers of --model (default: all); shape flags: 2",
+    )
     parser.add_argument("--hidden", type=int, default=None, help="shape flag, default 4096")
     parser.add_argument("--heads", type=int, default=None, help="shape flag, default 32")
     parser.add_argument("--kv-heads", type=int, default=None, help="shape flag, default: --heads (no GQA)")
     parser.add_argument("--intermediate", type=int, default=None, help="shape flag, default 8/3 x hidden")
     parser.add_argument("--vocab", type=int, default=None, help="shape flag, default 32000")
-    parser.add_argument("--prompt-lengths", default="512",
-                        help="the point's prompt length in tokens (one value: one point)")
+    parser.add_argument(
+        "--prompt-lengths", default="512", help="the point's prompt length in tokens (one value: one point)"
+    )
     parser.add_argument("--batch-size", type=int, default=1)
     parser.add_argument("--max-new-tokens", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default=None,
-                        help="default: the preset's (bfloat16 for 7B shapes), bfloat16 for shape flags")
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        default=None,
+        help="default: the preset's (bfloat16 for 7B shapes), bfloat16 for shape flags",
+    )
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     try:
         args.prompt_lengths = int(args.prompt_lengths)
     except ValueError:
-        print(f"error: --prompt-lengths {args.prompt_lengths}: give one whole number; this entry "
-              "point profiles one point (`infermeter profile` sweeps a list)", file=sys.stderr)
+        print(
+            f"error: --prompt-lengths {args.prompt_lengths}: give one whole number; this entry "
+            "point profiles one point (`infermeter profile` sweeps a list)",
+            file=sys.stderr,
+        )
         return 2
-    floors = {"num_layers": 1, "prompt_lengths": 1, "batch_size": 1, "max_new_tokens": 1,
-              "repeats": 1, "warmup": 0}
+    floors = {
+        "num_layers": 1,
+        "prompt_lengths": 1,
+        "batch_size": 1,
+        "max_new_tokens": 1,
+        "repeats": 1,
+        "warmup": 0,
+    }
     for name, floor in floors.items():
         value = getattr(args, name, None)
         if value is not None and value < floor:
@@ -177,8 +211,12 @@ def main(argv: list[str] | None = None) -> int:
         generator = torch.Generator().manual_seed(args.seed)
         prompt_ids = torch.randint(0, vocab, (1, args.prompt_lengths), generator=generator)
         measurement = profile_point(
-            model, prompt_ids=prompt_ids, batch_size=args.batch_size,
-            max_new_tokens=args.max_new_tokens, repeats=args.repeats, warmup=args.warmup,
+            model,
+            prompt_ids=prompt_ids,
+            batch_size=args.batch_size,
+            max_new_tokens=args.max_new_tokens,
+            repeats=args.repeats,
+            warmup=args.warmup,
             device=device,
         )
     except MemoryNeedError as exc:

@@ -55,7 +55,10 @@ def find_baseline(
 
 
 def judge(
-    tracker: Tracker, run_id: str, current: Mapping[str, float], tags: Mapping[str, str],
+    tracker: Tracker,
+    run_id: str,
+    current: Mapping[str, float],
+    tags: Mapping[str, str],
     cfg: RegressionConfig,
 ) -> RegressionResult | None:
     """Compare ``current`` with the baseline and record the verdict on ``run_id``: tag
@@ -66,10 +69,17 @@ def judge(
         tracker.set_tags(run_id, {"regression": "no_baseline"})
         return None
     result = RegressionResult(verdict(current, baseline_runs, cfg.thresholds_pct), label, ids)
-    tracker.set_tags(run_id, {
-        "regression": str(result.regressed).lower(), "baseline_run_ids": ",".join(ids)[:5000],
-    })
+    tracker.set_tags(
+        run_id,
+        {
+            "regression": str(result.regressed).lower(),
+            "baseline_run_ids": ",".join(ids)[:5000],
+        },
+    )
     tracker.log_text(run_id, result.markdown(), "regression.md")
-    tracker.log_dict(run_id, {"baseline": label, "baseline_run_ids": ids,
-                              "rows": [row.to_row() for row in result.rows]}, "regression.json")
+    tracker.log_dict(
+        run_id,
+        {"baseline": label, "baseline_run_ids": ids, "rows": [row.to_row() for row in result.rows]},
+        "regression.json",
+    )
     return result

@@ -39,8 +39,11 @@ def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None)
         row = {
             "run_id": run["run_id"],
             "name": run.get("name"),
-            "start_utc": datetime.fromtimestamp(run["start_time_ms"] / 1000, UTC)
-            .strftime("%Y-%m-%d %H:%M:%S") if run.get("start_time_ms") else None,
+            "start_utc": datetime.fromtimestamp(run["start_time_ms"] / 1000, UTC).strftime(
+                "%Y-%m-%d %H:%M:%S"
+            )
+            if run.get("start_time_ms")
+            else None,
         }
         row.update({tag: run["tags"].get(tag) for tag in CONTEXT_TAGS})
         row.update({m: run["metrics"].get(m) for m in metrics})

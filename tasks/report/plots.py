@@ -75,26 +75,38 @@ def level_histograms(level: dict[str, Any], path: str | Path, bins: int = 40) ->
 def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """p50 / p99 latencies and output tokens/s against max_concurrency, a line per rate."""
     rows = [
-        {"max_concurrency": lv["max_concurrency"], "rate": rate_label(lv["request_rate"]),
-         **{k: lv["metrics"].get(k) for k in _CURVE_KEYS}}
+        {
+            "max_concurrency": lv["max_concurrency"],
+            "rate": rate_label(lv["request_rate"]),
+            **{k: lv["metrics"].get(k) for k in _CURVE_KEYS},
+        }
         for lv in levels
     ]
-    frame = pl.DataFrame(rows, schema={"max_concurrency": pl.Int64, "rate": pl.String,
-                                       **{k: pl.Float64 for k in _CURVE_KEYS}})
+    frame = pl.DataFrame(
+        rows, schema={"max_concurrency": pl.Int64, "rate": pl.String, **{k: pl.Float64 for k in _CURVE_KEYS}}
+    )
     frame = frame.sort("max_concurrency")
-    panels = [("ttft_ms", "TTFT [ms]"), ("itl_ms", "ITL [ms]"), ("tpot_ms", "TPOT [ms]"),
-              ("e2e_ms", "E2E [ms]")]
+    panels = [
+        ("ttft_ms", "TTFT [ms]"),
+        ("itl_ms", "ITL [ms]"),
+        ("tpot_ms", "TPOT [ms]"),
+        ("e2e_ms", "E2E [ms]"),
+    ]
     fig, axes = plt.subplots(1, 5, figsize=(20, 3.8))
     for k, ((rate,), group) in enumerate(frame.group_by(["rate"], maintain_order=True)):
         x, color = group["max_concurrency"].to_list(), f"C{k}"
         for ax, (name, label) in zip(axes, panels):
-            ax.plot(x, group[f"{name}_p50"].to_list(), marker="o", color=color,
-                    label=f"p50 rate={rate}")
-            ax.plot(x, group[f"{name}_p99"].to_list(), marker="x", linestyle="--", color=color,
-                    label=f"p99 rate={rate}")
+            ax.plot(x, group[f"{name}_p50"].to_list(), marker="o", color=color, label=f"p50 rate={rate}")
+            ax.plot(
+                x,
+                group[f"{name}_p99"].to_list(),
+                marker="x",
+                linestyle="--",
+                color=color,
+                label=f"p99 rate={rate}",
+            )
             ax.set_ylabel(label)
-        axes[4].plot(x, group["output_tokens_per_s"].to_list(), marker="o", color=color,
-                     label=f"rate={rate}")
+        axes[4].plot(x, group["output_tokens_per_s"].to_list(), marker="o", color=color, label=f"rate={rate}")
     axes[4].set_ylabel("output tokens/s")
     for ax in axes:
         ax.set_xlabel("max_concurrency")
@@ -105,8 +117,15 @@ def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
 
 
 _CURVE_KEYS = (
-    "ttft_ms_p50", "ttft_ms_p99", "itl_ms_p50", "itl_ms_p99", "tpot_ms_p50", "tpot_ms_p99",
-    "e2e_ms_p50", "e2e_ms_p99", "output_tokens_per_s",
+    "ttft_ms_p50",
+    "ttft_ms_p99",
+    "itl_ms_p50",
+    "itl_ms_p99",
+    "tpot_ms_p50",
+    "tpot_ms_p99",
+    "e2e_ms_p50",
+    "e2e_ms_p99",
+    "output_tokens_per_s",
 )
 
 
@@ -153,15 +172,23 @@ def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> 
             continue
         label = " ".join(f"{k}={p.get(k)}" for k in others if p.get(k) is not None)
         groups.setdefault(label, []).append(p)
-    panels = [("distinct_1", "distinct-1"), ("distinct_2", "distinct-2"),
-              ("identical_fraction", "identical fraction"), ("ttft_ms_mean", "TTFT mean [ms]"),
-              ("e2e_ms_mean", "E2E mean [ms]")]
+    panels = [
+        ("distinct_1", "distinct-1"),
+        ("distinct_2", "distinct-2"),
+        ("identical_fraction", "identical fraction"),
+        ("ttft_ms_mean", "TTFT mean [ms]"),
+        ("e2e_ms_mean", "E2E mean [ms]"),
+    ]
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
     for label, group in groups.items():
         group = sorted(group, key=lambda p: p["temperature"])
         for ax, (key, _) in zip(axes, panels):
-            ax.plot([p["temperature"] for p in group], [p.get(key) for p in group], marker="o",
-                    label=label or "all")
+            ax.plot(
+                [p["temperature"] for p in group],
+                [p.get(key) for p in group],
+                marker="o",
+                label=label or "all",
+            )
     for ax, (_, name) in zip(axes, panels):
         ax.set_xlabel("temperature")
         ax.set_ylabel(name)

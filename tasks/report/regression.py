@@ -27,8 +27,13 @@ from dataclasses import asdict, dataclass
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_known_metric
 
 __all__ = [
-    "DEFAULT_THRESHOLDS_PCT", "MetricVerdict", "baseline_from_runs", "is_known_metric",
-    "judge_metric", "verdict", "verdict_markdown",
+    "DEFAULT_THRESHOLDS_PCT",
+    "MetricVerdict",
+    "baseline_from_runs",
+    "is_known_metric",
+    "judge_metric",
+    "verdict",
+    "verdict_markdown",
 ]
 
 
@@ -50,10 +55,13 @@ class MetricVerdict:
         return asdict(self)
 
 
-def baseline_from_runs(runs: Sequence[Mapping[str, float]], metric: str) -> tuple[float | None, float | None, float | None]:
+def baseline_from_runs(
+    runs: Sequence[Mapping[str, float]], metric: str
+) -> tuple[float | None, float | None, float | None]:
     """(median, min, max) of a metric over baseline runs that have it; Nones when none do."""
     values = [
-        float(run[metric]) for run in runs
+        float(run[metric])
+        for run in runs
         if metric in run and run[metric] is not None and math.isfinite(float(run[metric]))
     ]
     if not values:
@@ -71,17 +79,44 @@ def judge_metric(
     """Compare one metric (see the module docstring for the rule)."""
     low, high = spread
     if current is None or baseline is None:
-        return MetricVerdict(metric, baseline, current, None, threshold_pct, low, high, False,
-                             "missing in the current run" if current is None else "no baseline")
+        return MetricVerdict(
+            metric,
+            baseline,
+            current,
+            None,
+            threshold_pct,
+            low,
+            high,
+            False,
+            "missing in the current run" if current is None else "no baseline",
+        )
     if baseline == 0:
-        return MetricVerdict(metric, baseline, current, None, threshold_pct, low, high, False,
-                             "baseline is 0: no relative change")
+        return MetricVerdict(
+            metric,
+            baseline,
+            current,
+            None,
+            threshold_pct,
+            low,
+            high,
+            False,
+            "baseline is 0: no relative change",
+        )
     change_pct = (current - baseline) / abs(baseline) * 100.0
     beyond = change_pct > threshold_pct if threshold_pct >= 0 else change_pct < threshold_pct
     inside_spread = low is not None and high is not None and low <= current <= high
     if beyond and inside_spread:
-        return MetricVerdict(metric, baseline, current, change_pct, threshold_pct, low, high,
-                             False, "beyond threshold but inside the baseline's spread (noise)")
+        return MetricVerdict(
+            metric,
+            baseline,
+            current,
+            change_pct,
+            threshold_pct,
+            low,
+            high,
+            False,
+            "beyond threshold but inside the baseline's spread (noise)",
+        )
     note = "regression" if beyond else "ok"
     return MetricVerdict(metric, baseline, current, change_pct, threshold_pct, low, high, beyond, note)
 

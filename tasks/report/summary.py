@@ -47,15 +47,12 @@ def _table_head(columns: tuple[str, ...]) -> list[str]:
 def _table_row(settings: list[Any], values: dict[str, Any], columns: tuple[str, ...]) -> str:
     """Settings as they are, then each metric column: 0/1 flags as they are, others by _fmt."""
     cells = [str(v) for v in settings] + [
-        str(values.get(c)) if metrics.lookup(c).unit == "0/1" else _fmt(values.get(c))
-        for c in columns
+        str(values.get(c)) if metrics.lookup(c).unit == "0/1" else _fmt(values.get(c)) for c in columns
     ]
     return "| " + " | ".join(cells) + " |"
 
 
-def summary_markdown(
-    stages: dict[str, dict], errors: dict[str, str], endpoint_kind: str | None
-) -> str:
+def summary_markdown(stages: dict[str, dict], errors: dict[str, str], endpoint_kind: str | None) -> str:
     """A short human summary: headline table, per-level stream table, sweep table, caveats."""
     lines = ["# infermeter audit", ""]
     if errors:
@@ -68,8 +65,11 @@ def summary_markdown(
         lines += ["", "## Stream levels", ""] + _table_head(("max_concurrency", *columns))
         for level in stream["levels"]:
             lines.append(_table_row([level["max_concurrency"]], level["metrics"], columns))
-        lines += ["", "GenAI-Perf calls TPOT \"inter-token latency\"; here ITL is every gap "
-                  "between text chunks and TPOT is (E2E - TTFT) / (output tokens - 1)."]
+        lines += [
+            "",
+            'GenAI-Perf calls TPOT "inter-token latency"; here ITL is every gap '
+            "between text chunks and TPOT is (E2E - TTFT) / (output tokens - 1).",
+        ]
     sweep = stages.get("sweep")
     if sweep:
         columns = metrics.SUMMARY_COLUMNS["sweep"]

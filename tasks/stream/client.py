@@ -115,7 +115,9 @@ class SSEClient:
             "Accept-Encoding": "identity",
         }
         self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=request_timeout_s, sock_connect=request_timeout_s,
+            total=None,
+            connect=request_timeout_s,
+            sock_connect=request_timeout_s,
             sock_read=request_timeout_s,
         )
         self._limit = max(1, max_connections)
@@ -125,7 +127,8 @@ class SSEClient:
         if self._session is None:
             self._session = aiohttp.ClientSession(
                 connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
-                timeout=self._timeout, auto_decompress=False,
+                timeout=self._timeout,
+                auto_decompress=False,
             )
         return self._session
 
@@ -214,9 +217,7 @@ async def _stream_sse(client: SSEClient, kwargs: dict[str, Any], state: dict[str
                         choice = choices[0]
                         delta = choice.get("delta") or {}
                         text = (
-                            delta.get("content")
-                            or delta.get("reasoning_content")
-                            or delta.get("reasoning")
+                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
                         )
                         if text and isinstance(text, str):
                             arrivals.append(now_ns)
@@ -268,7 +269,11 @@ async def stream_chat(
         model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling, extra_body=extra_body
     )
     state: dict[str, Any] = {
-        "arrivals_ns": [], "parts": [], "usage": None, "chunks": 0, "finish_reason": None,
+        "arrivals_ns": [],
+        "parts": [],
+        "usage": None,
+        "chunks": 0,
+        "finish_reason": None,
         "in_stream": False,
     }
     failure: BaseException | None = None
@@ -292,13 +297,25 @@ async def stream_chat(
     end_ns = perf()
     usage = state["usage"]
     if usage is not None and not isinstance(usage, dict):
-        usage = {"prompt_tokens": getattr(usage, "prompt_tokens", None),
-                 "completion_tokens": getattr(usage, "completion_tokens", None)}
+        usage = {
+            "prompt_tokens": getattr(usage, "prompt_tokens", None),
+            "completion_tokens": getattr(usage, "completion_tokens", None),
+        }
     return _record(
-        state, usage, send_ns, end_ns, failure,
-        request_id=request_id, level=level, max_concurrency=max_concurrency, warmup=warmup,
-        input_tokens=input_tokens, count_tokens=count_tokens, api_key_env=api_key_env,
-        model=model, secret=getattr(client, "api_key", None),
+        state,
+        usage,
+        send_ns,
+        end_ns,
+        failure,
+        request_id=request_id,
+        level=level,
+        max_concurrency=max_concurrency,
+        warmup=warmup,
+        input_tokens=input_tokens,
+        count_tokens=count_tokens,
+        api_key_env=api_key_env,
+        model=model,
+        secret=getattr(client, "api_key", None),
     )
 
 
@@ -348,14 +365,26 @@ def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int]
         record.output_tokens = int(count_tokens(record.output_text))
         record.output_tokens_source = "tokenizer"
     record.tpot_ms = tpot_ms(
-        record.ttft_ms, record.e2e_ms, record.output_tokens, len(record.token_offsets_ms))
+        record.ttft_ms, record.e2e_ms, record.output_tokens, len(record.token_offsets_ms)
+    )
 
 
 def _record(
-    state: dict[str, Any], usage: dict[str, Any] | None, send_ns: int, end_ns: int,
-    failure: BaseException | None, *, request_id: str, level: int, max_concurrency: int,
-    warmup: bool, input_tokens: int | None, count_tokens: Callable[[str], int] | None,
-    api_key_env: str | None, model: str, secret: str | None,
+    state: dict[str, Any],
+    usage: dict[str, Any] | None,
+    send_ns: int,
+    end_ns: int,
+    failure: BaseException | None,
+    *,
+    request_id: str,
+    level: int,
+    max_concurrency: int,
+    warmup: bool,
+    input_tokens: int | None,
+    count_tokens: Callable[[str], int] | None,
+    api_key_env: str | None,
+    model: str,
+    secret: str | None,
 ) -> RequestRecord:
     """The record of one request from what its stream gave (DESIGN.md's definitions)."""
     arrivals_ns, parts = state["arrivals_ns"], state["parts"]

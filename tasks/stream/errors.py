@@ -137,8 +137,7 @@ def _classify_status(
     if code == 403:
         key = f" (key from {api_key_env})" if api_key_env else ""
         return AUTH, (
-            f"HTTP 403: the API key{key} is not allowed to use this model or endpoint. "
-            f"Server said: {detail}"
+            f"HTTP 403: the API key{key} is not allowed to use this model or endpoint. Server said: {detail}"
         )
     if code == 404:
         name = f"model {model!r}" if model else "the model"
@@ -218,8 +217,7 @@ def _classify(
         return _classify_status(exc, api_key_env=api_key_env, model=model)
     if isinstance(exc, openai.APITimeoutError):
         return TIMEOUT, (
-            f"timed out waiting for {_url(exc)}; raise endpoint.request_timeout_s or check the "
-            "server's load"
+            f"timed out waiting for {_url(exc)}; raise endpoint.request_timeout_s or check the server's load"
         )
     if isinstance(exc, json.JSONDecodeError):
         line = (exc.doc or "")[:120]

@@ -118,7 +118,9 @@ class LoopLagProbe:
         try:
             self._writer = subprocess.Popen(
                 [sys.executable, "-S", "-c", _WRITER, str(wfd), str(int(self.interval_s * 1e9))],
-                pass_fds=(wfd,), stdin=subprocess.DEVNULL, start_new_session=True,
+                pass_fds=(wfd,),
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
             )
         finally:
             os.close(wfd)
@@ -131,6 +133,7 @@ class LoopLagProbe:
         os.close(self._rfd)  # the writer's next write fails with EPIPE and it exits
         self._writer.terminate()
         self._writer.wait()
+
     @property
     def p99_ms(self) -> float | None:
         """The 99th percentile of the lags (None without samples)."""

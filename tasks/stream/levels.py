@@ -73,8 +73,10 @@ class Level:
         """The stage's JSON entry: ``{"max_concurrency", "request_rate" (None = inf),
         "metrics", "requests" (``RequestRecord.to_json`` each)}``."""
         return {
-            "max_concurrency": self.max_concurrency, "request_rate": self.request_rate,
-            "metrics": self.metrics, "requests": [r.to_json() for r in self.records],
+            "max_concurrency": self.max_concurrency,
+            "request_rate": self.request_rate,
+            "metrics": self.metrics,
+            "requests": [r.to_json() for r in self.records],
         }
 
 
@@ -109,8 +111,7 @@ def run_levels(
     logger = logger or _LOG
     done: list[Level] = []
     for settings in levels:
-        level = _run_one(connection, settings, count_tokens, goodput, client_processes,
-                         on_record, logger)
+        level = _run_one(connection, settings, count_tokens, goodput, client_processes, on_record, logger)
         done.append(level)
         if on_level is not None:
             on_level(level)
@@ -118,8 +119,11 @@ def run_levels(
 
 
 def _run_one(
-    connection: Connection, settings: LevelSettings, count_tokens: Callable[[str], int] | None,
-    goodput: Mapping[str, float] | None, client_processes: int,
+    connection: Connection,
+    settings: LevelSettings,
+    count_tokens: Callable[[str], int] | None,
+    goodput: Mapping[str, float] | None,
+    client_processes: int,
     on_record: Callable[[RequestRecord], None] | None,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> Level:
@@ -132,8 +136,13 @@ def _run_one(
     processes = min(client_processes, settings.max_concurrency)
     if processes > 1:
         result = run_level_processes(
-            processes, connection, settings, count_tokens=count_tokens, on_record=on_record,
-            on_measure_start=scrape_before)
+            processes,
+            connection,
+            settings,
+            count_tokens=count_tokens,
+            on_record=on_record,
+            on_measure_start=scrape_before,
+        )
     else:
         result = asyncio.run(_one_loop(connection, settings, count_tokens, on_record, scrape_before))
     before = scrapes.get("before")
@@ -143,21 +152,31 @@ def _run_one(
 
 
 async def _one_loop(
-    connection: Connection, settings: LevelSettings,
+    connection: Connection,
+    settings: LevelSettings,
     count_tokens: Callable[[str], int] | None,
-    on_record: Callable[[RequestRecord], None] | None, on_measure_start: Callable[[], None],
+    on_record: Callable[[RequestRecord], None] | None,
+    on_measure_start: Callable[[], None],
 ) -> LevelResult:
     client = connect(connection, settings.max_concurrency)
     try:
-        return await run_level(client, settings, count_tokens=count_tokens, on_record=on_record,
-                               on_measure_start=on_measure_start)
+        return await run_level(
+            client,
+            settings,
+            count_tokens=count_tokens,
+            on_record=on_record,
+            on_measure_start=on_measure_start,
+        )
     finally:
         await client.close()
 
 
 def _level_metrics(
-    result: LevelResult, before: dict[str, float] | None, after: dict[str, float] | None,
-    settings: LevelSettings, goodput: Mapping[str, float] | None,
+    result: LevelResult,
+    before: dict[str, float] | None,
+    after: dict[str, float] | None,
+    settings: LevelSettings,
+    goodput: Mapping[str, float] | None,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> dict[str, Any]:
     """The level's figures (:class:`Level`'s ``metrics``), warning on what is off."""
@@ -170,7 +189,9 @@ def _level_metrics(
         logger.warning(
             "level %d: the client's TTFT/E2E means differ from the server's own "
             "(/metrics) by more than network and queue explain: TTFT client - server "
-            "= %s ms, E2E %s ms", index, metrics.get("ttft_ms_mean_client_minus_server"),
+            "= %s ms, E2E %s ms",
+            index,
+            metrics.get("ttft_ms_mean_client_minus_server"),
             metrics.get("e2e_ms_mean_client_minus_server"),
         )
     short = stats.count_short_outputs(result.measured, settings.max_tokens)
@@ -179,12 +200,17 @@ def _level_metrics(
         logger.warning(
             "level %d: %d of %d requests returned fewer than %d output tokens "
             "although ignore_eos was sent (the server may not take it)",
-            index, short, len(result.measured), settings.max_tokens,
+            index,
+            short,
+            len(result.measured),
+            settings.max_tokens,
         )
     if metrics.get("client_bound"):
         logger.warning(
             "level %d is client-bound: the client's event-loop lag p99 is %.2f ms "
             "(> %.2f ms); its latencies describe the client, not the server",
-            index, metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms,
+            index,
+            metrics["client_loop_lag_ms_p99"],
+            settings.lag_tolerance_ms,
         )
     return metrics

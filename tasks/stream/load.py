@@ -178,9 +178,7 @@ async def run_level(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(one(i)))
         await asyncio.gather(*tasks)
-    arrivals_ns = sorted(
-        r.send_ns + round(offset * 1e6) for r in measured for offset in r.token_offsets_ms
-    )
+    arrivals_ns = sorted(r.send_ns + round(offset * 1e6) for r in measured for offset in r.token_offsets_ms)
     result.client = probe.metrics(s.lag_tolerance_ms, arrivals_ns)
     result.records.extend(sorted(measured, key=lambda r: r.send_ns))
     if measured:
@@ -228,5 +226,10 @@ def make_client(
 
 def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.AsyncOpenAI:
     """:func:`make_client` for a :class:`tasks.stream.settings.Connection`."""
-    return make_client(connection.base_url, connection.api_key, connection.request_timeout_s,
-                       max_concurrency, connection.transport)
+    return make_client(
+        connection.base_url,
+        connection.api_key,
+        connection.request_timeout_s,
+        max_concurrency,
+        connection.transport,
+    )

@@ -40,16 +40,21 @@ def _share_of(concurrency: int, processes: int, k: int) -> int:
     return concurrency // processes + (1 if k < concurrency % processes else 0)
 
 
-def _child(k: int, processes: int, connection: Connection, settings: LevelSettings, out: Any,
-           go: Any, start_at: Any) -> None:
+def _child(
+    k: int, processes: int, connection: Connection, settings: LevelSettings, out: Any, go: Any, start_at: Any
+) -> None:
     """A client process: report ready, wait for the start instant, run its share."""
 
     async def main() -> LevelResult:
         client = connect(connection, settings.max_concurrency)
         try:
             return await run_level(
-                client, settings, count_tokens=None, share=(k, processes),
-                start_at=start_at.value, on_record=lambda r: out.put(("record", r.to_json())),
+                client,
+                settings,
+                count_tokens=None,
+                share=(k, processes),
+                start_at=start_at.value,
+                on_record=lambda r: out.put(("record", r.to_json())),
             )
         finally:
             await client.close()
@@ -101,19 +106,28 @@ def run_level_processes(
     async def warm() -> LevelResult:
         client = connect(connection, 1)
         try:
-            return await run_level(client, replace(settings, max_concurrency=1, num_requests=0),
-                                   count_tokens=count_tokens, on_record=on_record)
+            return await run_level(
+                client,
+                replace(settings, max_concurrency=1, num_requests=0),
+                count_tokens=count_tokens,
+                on_record=on_record,
+            )
         finally:
             await client.close()
 
-    result = asyncio.run(warm()) if settings.warmup else LevelResult(
-        settings.level, settings.max_concurrency, settings.request_rate)
+    result = (
+        asyncio.run(warm())
+        if settings.warmup
+        else LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
+    )
     result.max_concurrency = settings.max_concurrency
     # Each process: its share of the concurrency, no warm-up (done above), the prompts (and
     # their counts) continuing after the warm-up's.
     counts = settings.prompt_tokens
     share = replace(
-        settings, warmup=0, prompts=_rotated(settings.prompts, settings.warmup),
+        settings,
+        warmup=0,
+        prompts=_rotated(settings.prompts, settings.warmup),
         prompt_tokens=_rotated(counts, settings.warmup) if counts else None,
     )
     ctx = mp.get_context("spawn")
@@ -121,8 +135,12 @@ def run_level_processes(
     children = []
     for k in range(processes):
         mine = replace(share, max_concurrency=_share_of(settings.max_concurrency, processes, k))
-        child = ctx.Process(target=_child, args=(k, processes, connection, mine, out, go, start_at),
-                            name=f"infermeter-client-{k}", daemon=True)
+        child = ctx.Process(
+            target=_child,
+            args=(k, processes, connection, mine, out, go, start_at),
+            name=f"infermeter-client-{k}",
+            daemon=True,
+        )
         child.start()
         children.append(child)
 

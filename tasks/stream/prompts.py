@@ -51,8 +51,7 @@ def read_prompts_file(path: str | Path) -> list[str]:
                 value = item.get("prompt") if isinstance(item, dict) else item
                 if not isinstance(value, str):
                     raise PromptsError(
-                        f"--prompts: {path}:{number}: expected a string or an object with a "
-                        "'prompt' string"
+                        f"--prompts: {path}:{number}: expected a string or an object with a 'prompt' string"
                     )
                 prompts.append(value)
         else:
@@ -61,9 +60,10 @@ def read_prompts_file(path: str | Path) -> list[str]:
         raise PromptsError(f"--prompts: {path}: not valid JSON ({exc.msg})") from None
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
-        how = {".json": "a JSON list of non-empty strings",
-               ".jsonl": "one JSON string or {\"prompt\": ...} object per line"}.get(
-            path.suffix, "one prompt per line")
+        how = {
+            ".json": "a JSON list of non-empty strings",
+            ".jsonl": 'one JSON string or {"prompt": ...} object per line',
+        }.get(path.suffix, "one prompt per line")
         raise PromptsError(f"--prompts: {path} holds no prompt; write {how}")
     return prompts
 

@@ -79,9 +79,7 @@ class RequestRecord:
     def to_json(self) -> dict[str, Any]:
         """The record as a JSON-ready dict; ``error`` is null or ``{"class", "message"}``."""
         error = (
-            None
-            if self.error_class is None
-            else {"class": self.error_class, "message": self.error_message}
+            None if self.error_class is None else {"class": self.error_class, "message": self.error_message}
         )
         return {
             "request_id": self.request_id,

@@ -111,8 +111,7 @@ def level_settings(
     level ``i`` gets ``level=i``, its concurrency and rate, and seed ``base.seed + i`` (each
     level draws its own arrivals)."""
     return [
-        replace(base, level=index, max_concurrency=concurrency, request_rate=rate,
-                seed=base.seed + index)
+        replace(base, level=index, max_concurrency=concurrency, request_rate=rate, seed=base.seed + index)
         for index, (concurrency, rate) in enumerate(level_grid(concurrencies, request_rates))
     ]
 
@@ -130,11 +129,17 @@ def settings_from_config(
     (and their token counts, for synthetic ones) come from ``tasks.stream.prompts``.
     """
     base = LevelSettings(
-        model=endpoint.model, prompts=tuple(prompts), max_tokens=cfg.output_len or cfg.max_tokens,
-        num_requests=cfg.num_requests, warmup=cfg.warmup,
+        model=endpoint.model,
+        prompts=tuple(prompts),
+        max_tokens=cfg.output_len or cfg.max_tokens,
+        num_requests=cfg.num_requests,
+        warmup=cfg.warmup,
         prompt_tokens=None if prompt_tokens is None else tuple(prompt_tokens),
-        burstiness=cfg.burstiness, seed=cfg.seed, sampling={"temperature": cfg.temperature},
+        burstiness=cfg.burstiness,
+        seed=cfg.seed,
+        sampling={"temperature": cfg.temperature},
         extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len) else None,
-        api_key_env=endpoint.api_key_env, lag_tolerance_ms=cfg.client_bound_tolerance_ms,
+        api_key_env=endpoint.api_key_env,
+        lag_tolerance_ms=cfg.client_bound_tolerance_ms,
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

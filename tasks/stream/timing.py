@@ -56,17 +56,12 @@ def tpot_ms(
     the text in one chunk: the decode is invisible to the client), or when TTFT / E2E are
     missing.
     """
-    if (
-        output_tokens is None or output_tokens < 2 or text_chunks < 2
-        or ttft_ms is None or e2e_ms is None
-    ):
+    if output_tokens is None or output_tokens < 2 or text_chunks < 2 or ttft_ms is None or e2e_ms is None:
         return None
     return (e2e_ms - ttft_ms) / (output_tokens - 1)
 
 
-def chunk_timing(
-    send_ns: int, arrivals_ns: Sequence[int], output_tokens: int | None = None
-) -> ChunkTiming:
+def chunk_timing(send_ns: int, arrivals_ns: Sequence[int], output_tokens: int | None = None) -> ChunkTiming:
     """TTFT / ITL / E2E / TPOT of one request (module docstring) from ``send_ns`` and the
     ``perf_counter_ns`` arrival times of its text-carrying chunks, in arrival order.
 
@@ -79,6 +74,9 @@ def chunk_timing(
     offsets = tuple((t - send_ns) / _NS_PER_MS for t in arrivals_ns)
     gaps = tuple((b - a) / _NS_PER_MS for a, b in zip(arrivals_ns, arrivals_ns[1:], strict=False))
     return ChunkTiming(
-        token_offsets_ms=offsets, ttft_ms=offsets[0], itl_ms=gaps, e2e_ms=offsets[-1],
+        token_offsets_ms=offsets,
+        ttft_ms=offsets[0],
+        itl_ms=gaps,
+        e2e_ms=offsets[-1],
         tpot_ms=tpot_ms(offsets[0], offsets[-1], output_tokens, len(offsets)),
     )

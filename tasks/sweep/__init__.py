@@ -41,8 +41,21 @@ from tasks.sweep.results import (
 )
 
 __all__ = [
-    "SWEEP_METRICS", "PointOutcome", "PointResult", "SweepPoint", "collect_outcomes", "distinct_n",
-    "finish_point", "grid", "identical_fraction", "local_identity", "pending_points",
-    "point_metrics", "points_from_config", "prior_figures", "run_point_local", "run_points",
+    "SWEEP_METRICS",
+    "PointOutcome",
+    "PointResult",
+    "SweepPoint",
+    "collect_outcomes",
+    "distinct_n",
+    "finish_point",
+    "grid",
+    "identical_fraction",
+    "local_identity",
+    "pending_points",
+    "point_metrics",
+    "points_from_config",
+    "prior_figures",
+    "run_point_local",
+    "run_points",
     "sweep_headline",
 ]

@@ -31,9 +31,7 @@ def identical_fraction(outputs: Sequence[str]) -> float | None:
 
 def distinct_n(token_lists: Sequence[Sequence[int]], n: int) -> float | None:
     """Distinct n-grams / all n-grams, pooled over the samples; None when there is no n-gram."""
-    ngrams = [
-        tuple(tokens[i : i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)
-    ]
+    ngrams = [tuple(tokens[i : i + n]) for tokens in token_lists for i in range(len(tokens) - n + 1)]
     return len(set(ngrams)) / len(ngrams) if ngrams else None
 
 
@@ -54,9 +52,16 @@ class PointResult:
     def sample_rows(self) -> list[dict[str, Any]]:
         """One row per sample: index, seed, text, token count, TTFT / E2E (ms), error."""
         return [
-            {"sample": i, "seed": self.point.seed + i, "output_text": r.output_text,
-             "output_tokens": r.output_tokens, "ttft_ms": r.ttft_ms, "e2e_ms": r.e2e_ms,
-             "error_class": r.error_class, "error_message": r.error_message}
+            {
+                "sample": i,
+                "seed": self.point.seed + i,
+                "output_text": r.output_text,
+                "output_tokens": r.output_tokens,
+                "ttft_ms": r.ttft_ms,
+                "e2e_ms": r.e2e_ms,
+                "error_class": r.error_class,
+                "error_message": r.error_message,
+            }
             for i, r in enumerate(self.records)
         ]
 
@@ -82,9 +87,7 @@ def point_metrics(
         "output_tokens_std": statistics.pstdev(lengths) if lengths else None,
         "ttft_ms_mean": statistics.fmean(ttft) if ttft else None,
         "e2e_ms_mean": statistics.fmean(e2e) if e2e else None,
-        "determinism_violated": int(
-            point.expects_determinism() and same is not None and same < 1.0
-        ),
+        "determinism_violated": int(point.expects_determinism() and same is not None and same < 1.0),
     }
 
 

@@ -75,7 +75,12 @@ class _SeededSampler:
 
 
 def run_point_local(
-    model, tokenizer, point: SweepPoint, *, prompt: str, samples: int,
+    model,
+    tokenizer,
+    point: SweepPoint,
+    *,
+    prompt: str,
+    samples: int,
     encode: Callable[[str], list[int]],
 ) -> PointResult:
     """The point's samples from a local transformers model, one after another.
@@ -106,9 +111,12 @@ def run_point_local(
     top_p = point.top_p if point.top_p is not None else defaults.top_p
     # generate's own warpers off: greedy at T=0, else _SeededSampler does the warping and draw
     kwargs: dict[str, Any] = {
-        "max_new_tokens": point.max_tokens, "do_sample": sample,
-        "temperature": 1.0 if sample else None, "top_k": 0 if sample else None,
-        "top_p": 1.0 if sample else None, **point.extra_body(),
+        "max_new_tokens": point.max_tokens,
+        "do_sample": sample,
+        "temperature": 1.0 if sample else None,
+        "top_k": 0 if sample else None,
+        "top_p": 1.0 if sample else None,
+        **point.extra_body(),
     }
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     records = []
@@ -121,12 +129,16 @@ def run_point_local(
         try:
             with torch.inference_mode():
                 out = model.generate(
-                    input_ids, attention_mask=torch.ones_like(input_ids), streamer=clock,
-                    pad_token_id=pad, logits_processor=LogitsProcessorList(
+                    input_ids,
+                    attention_mask=torch.ones_like(input_ids),
+                    streamer=clock,
+                    pad_token_id=pad,
+                    logits_processor=LogitsProcessorList(
                         [_SeededSampler(generator, point.temperature, top_k, top_p)] if sample else []
-                    ), **kwargs,
+                    ),
+                    **kwargs,
                 )
-            new_ids = out[0, input_ids.shape[1]:].tolist()
+            new_ids = out[0, input_ids.shape[1] :].tolist()
             if new_ids and new_ids[-1] == tokenizer.eos_token_id:
                 new_ids = new_ids[:-1]
             record.output_text = tokenizer.decode(new_ids, skip_special_tokens=True)

@@ -46,16 +46,23 @@ class SweepPoint:
     def params(self) -> dict[str, Any]:
         """The point as flat params: the sampling fields, then ``extra_body.<name>``."""
         data: dict[str, Any] = {
-            "temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-            "seed": self.seed, "max_tokens": self.max_tokens,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
         }
         data.update({f"extra_body.{k}": v for k, v in self.extra_body().items()})
         return data
 
     def sampling(self, sample: int) -> dict[str, Any]:
         """What a request of sample ``sample`` sends (seed + sample), None fields left out."""
-        sent = {"temperature": self.temperature, "top_p": self.top_p, "top_k": self.top_k,
-                "seed": self.seed + sample}
+        sent = {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "seed": self.seed + sample,
+        }
         sent.update(self.extra_body())
         return {k: v for k, v in sent.items() if v is not None}
 
@@ -88,8 +95,9 @@ def grid(
     """The cross product temperature x top_p x top_k, temperature-major, in the order given
     (no top_k values = top_k not sent)."""
     return [
-        SweepPoint.make(temperature=t, top_p=p, top_k=k, seed=seed, max_tokens=max_tokens,
-                        extra_body=extra_body)
+        SweepPoint.make(
+            temperature=t, top_p=p, top_k=k, seed=seed, max_tokens=max_tokens, extra_body=extra_body
+        )
         for t, p, k in itertools.product(temperatures, top_ps or (None,), top_ks or (None,))
     ]
 
@@ -101,11 +109,20 @@ def points_from_config(cfg: SweepConfig) -> list[SweepPoint]:
     if cfg.points:
         return [
             SweepPoint.make(
-                temperature=p.temperature, top_p=p.top_p, top_k=p.top_k,
+                temperature=p.temperature,
+                top_p=p.top_p,
+                top_k=p.top_k,
                 seed=cfg.seed if p.seed is None else p.seed,
-                max_tokens=p.max_tokens or cfg.max_tokens, extra_body=p.extra_body,
+                max_tokens=p.max_tokens or cfg.max_tokens,
+                extra_body=p.extra_body,
             )
             for p in cfg.points
         ]
-    return grid(cfg.temperature, cfg.top_p, cfg.top_k, seed=cfg.seed, max_tokens=cfg.max_tokens,
-                extra_body=cfg.extra_body)
+    return grid(
+        cfg.temperature,
+        cfg.top_p,
+        cfg.top_k,
+        seed=cfg.seed,
+        max_tokens=cfg.max_tokens,
+        extra_body=cfg.extra_body,
+    )

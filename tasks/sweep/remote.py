@@ -36,9 +36,14 @@ async def run_points(
     async def one(point: SweepPoint, i: int) -> RequestRecord:
         async with gate:
             return await stream_chat(
-                client, model=model, prompt=prompt, max_tokens=point.max_tokens,
-                count_tokens=count_tokens, sampling=point.sampling(i),
-                request_id=f"{key(point)}-{i}", max_concurrency=max_concurrency,
+                client,
+                model=model,
+                prompt=prompt,
+                max_tokens=point.max_tokens,
+                count_tokens=count_tokens,
+                sampling=point.sampling(i),
+                request_id=f"{key(point)}-{i}",
+                max_concurrency=max_concurrency,
                 api_key_env=api_key_env,
             )
 

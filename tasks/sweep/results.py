@@ -15,8 +15,15 @@ from tasks.sweep.points import SweepPoint
 #: The per-point figures of ``tasks.sweep.figures.point_metrics`` carried into each point's
 #: result (and read back from a finished run on resume).
 SWEEP_METRICS = (
-    "num_samples", "num_samples_failed", "identical_fraction", "distinct_1", "distinct_2",
-    "output_tokens_mean", "output_tokens_std", "ttft_ms_mean", "e2e_ms_mean",
+    "num_samples",
+    "num_samples_failed",
+    "identical_fraction",
+    "distinct_1",
+    "distinct_2",
+    "output_tokens_mean",
+    "output_tokens_std",
+    "ttft_ms_mean",
+    "e2e_ms_mean",
     "determinism_violated",
 )
 
@@ -50,13 +57,22 @@ class PointOutcome:
     def measured(cls, result: PointResult, key: str, run_id: str | None) -> PointOutcome:
         """A point run now: ``finished``, or ``failed`` when any of its requests failed."""
         return cls(
-            result.point, key, "failed" if result.failed else "finished", result.error_class,
-            result.sample_rows(), {k: result.metrics.get(k) for k in SWEEP_METRICS}, run_id,
+            result.point,
+            key,
+            "failed" if result.failed else "finished",
+            result.error_class,
+            result.sample_rows(),
+            {k: result.metrics.get(k) for k in SWEEP_METRICS},
+            run_id,
         )
 
     @classmethod
     def skipped(
-        cls, point: SweepPoint, key: str, run_id: str, metrics: Mapping[str, float],
+        cls,
+        point: SweepPoint,
+        key: str,
+        run_id: str,
+        metrics: Mapping[str, float],
         samples: list[dict[str, Any]],
     ) -> PointOutcome:
         """A point found FINISHED in an earlier run: its logged ``metrics`` (counts as ints)
@@ -67,17 +83,22 @@ class PointOutcome:
         """The JSON entry: the point's params, ``point_key``, ``status``, ``error_class``,
         ``samples``, the :data:`SWEEP_METRICS` figures, ``mlflow_run_id``."""
         return {
-            **self.point.params(), "point_key": self.point_key, "status": self.status,
-            "error_class": self.error_class, "samples": self.samples,
-            **{k: self.figures.get(k) for k in SWEEP_METRICS}, "mlflow_run_id": self.mlflow_run_id,
+            **self.point.params(),
+            "point_key": self.point_key,
+            "status": self.status,
+            "error_class": self.error_class,
+            "samples": self.samples,
+            **{k: self.figures.get(k) for k in SWEEP_METRICS},
+            "mlflow_run_id": self.mlflow_run_id,
         }
 
 
 def prior_figures(metrics: Mapping[str, float]) -> dict[str, Any]:
     """A skipped point's figures as read back from its FINISHED run (counts as ints, None
     where the run has no such metric)."""
-    return {k: (int(metrics[k]) if k in _COUNTS else metrics[k]) if k in metrics else None
-            for k in SWEEP_METRICS}
+    return {
+        k: (int(metrics[k]) if k in _COUNTS else metrics[k]) if k in metrics else None for k in SWEEP_METRICS
+    }
 
 
 def pending_points(points: Iterable[SweepPoint], done: Mapping[SweepPoint, Any]) -> list[SweepPoint]:
@@ -104,8 +125,11 @@ def collect_outcomes(
     for p in points:
         if p in done:
             prior = done[p]
-            out.append(PointOutcome.skipped(p, keys[p], prior["run_id"], prior["metrics"],
-                                            load_samples(prior["run_id"])))
+            out.append(
+                PointOutcome.skipped(
+                    p, keys[p], prior["run_id"], prior["metrics"], load_samples(prior["run_id"])
+                )
+            )
         else:
             result, run_id = finished[p]
             out.append(PointOutcome.measured(result, keys[p], run_id))
@@ -119,5 +143,6 @@ def sweep_headline(outcomes: Sequence[PointOutcome]) -> dict[str, int]:
         "sweep_points_skipped": sum(o.status == "skipped" for o in outcomes),
         "sweep_points_failed": sum(o.status == "failed" for o in outcomes),
         "sweep_determinism_violations": sum(
-            int(o.figures.get("determinism_violated") or 0) for o in outcomes),
+            int(o.figures.get("determinism_violated") or 0) for o in outcomes
+        ),
     }

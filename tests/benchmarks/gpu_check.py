@@ -30,14 +30,23 @@ from tasks.profile.runner import run_sweep  # noqa: E402
 
 PRESETS = ("smollm2-135m", "llama-2-7b")
 COLUMNS = (
-    ("model", "{}"), ("N", "{}"), ("B", "{}"), ("prefill_ms", "{:.2f}"),
-    ("prefill_tok/s", "{:.0f}"), ("decode_ms_p50", "{:.2f}"), ("decode_tok/s", "{:.1f}"),
-    ("weights_GiB", "{:.2f}"), ("kv_MiB", "{:.1f}"), ("kv_formula_MiB", "{:.1f}"),
-    ("peak_GiB", "{:.2f}"), ("bw_GB/s", "{:.0f}"),
+    ("model", "{}"),
+    ("N", "{}"),
+    ("B", "{}"),
+    ("prefill_ms", "{:.2f}"),
+    ("prefill_tok/s", "{:.0f}"),
+    ("decode_ms_p50", "{:.2f}"),
+    ("decode_tok/s", "{:.1f}"),
+    ("weights_GiB", "{:.2f}"),
+    ("kv_MiB", "{:.1f}"),
+    ("kv_formula_MiB", "{:.1f}"),
+    ("peak_GiB", "{:.2f}"),
+    ("bw_GB/s", "{:.0f}"),
 )
 #: Shown when NVML gave any reading (tasks.profile.gpu_metrics): (title, format, the point's key).
 POWER_COLUMNS = (
-    ("power_W", "{:.0f}", "gpu_power_w_mean"), ("util_%", "{:.0f}", "gpu_utilization_pct_mean"),
+    ("power_W", "{:.0f}", "gpu_power_w_mean"),
+    ("util_%", "{:.0f}", "gpu_utilization_pct_mean"),
     ("energy_J", "{:.1f}", "gpu_energy_joules"),
 )
 
@@ -52,10 +61,17 @@ def _row(point: dict, power: bool = False) -> list[str]:
         return [name, str(point["prompt_tokens"]), str(point["batch_size"]), "FAILED: " + point["error"][:90]]
     gib = 2**30
     values = [
-        name, point["prompt_tokens"], point["batch_size"], point["prefill_ms"],
-        point["prefill_tokens_per_s"], point["decode_ms_p50"], point["decode_tokens_per_s"],
-        point["weights_bytes"] / gib, point["kv_cache_bytes"] / 2**20,
-        point["kv_cache_bytes_formula"] / 2**20, point["peak_memory_bytes"] / gib,
+        name,
+        point["prompt_tokens"],
+        point["batch_size"],
+        point["prefill_ms"],
+        point["prefill_tokens_per_s"],
+        point["decode_ms_p50"],
+        point["decode_tokens_per_s"],
+        point["weights_bytes"] / gib,
+        point["kv_cache_bytes"] / 2**20,
+        point["kv_cache_bytes_formula"] / 2**20,
+        point["peak_memory_bytes"] / gib,
         point["decode_bandwidth_gb_per_s"],
     ]
     formats = [fmt for _, fmt in COLUMNS]
@@ -82,18 +98,25 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     for preset in PRESETS:
         result = run_sweep(
-            f"arch:{preset}", profile_points(prompts, batches, ["bfloat16"]), max_new_tokens=steps,
-            repeats=repeats, warmup=1, device=args.device, num_layers=layers,
+            f"arch:{preset}",
+            profile_points(prompts, batches, ["bfloat16"]),
+            max_new_tokens=steps,
+            repeats=repeats,
+            warmup=1,
+            device=args.device,
+            num_layers=layers,
             on_point=lambda i, n, p: print(f"  {p.model} {p.point.label()} done", file=sys.stderr),
         )
         points += [r.to_dict() for r in result]  # the rows as --json and MLflow see them
 
     device = points[0]["device"] if points else args.device
     name = next((p["device_name"] for p in points if not p["failed"]), platform.processor())
-    print(f"gpu_check {'--smoke ' if args.smoke else ''}on {device} ({name}), torch "
-          f"{torch.__version__}, bfloat16, random weights, {steps} decode steps, {repeats} repeats "
-          f"+ 1 warm-up{', 2-layer slices' if layers else ''}; {time.strftime('%Y-%m-%d')}; "
-          f"{time.time() - started:.0f} s")
+    print(
+        f"gpu_check {'--smoke ' if args.smoke else ''}on {device} ({name}), torch "
+        f"{torch.__version__}, bfloat16, random weights, {steps} decode steps, {repeats} repeats "
+        f"+ 1 warm-up{', 2-layer slices' if layers else ''}; {time.strftime('%Y-%m-%d')}; "
+        f"{time.time() - started:.0f} s"
+    )
     power = _power_shown(points)
     rows = [_row(p, power) for p in points]
     titles = [c[0] for c in COLUMNS] + ([c[0] for c in POWER_COLUMNS] if power else [])

@@ -56,8 +56,12 @@ def profiled_decode_tokens_per_s(model, input_ids, steps: int) -> float:
 def generate_tokens_per_s(model, input_ids, steps: int) -> float:
     start = time.perf_counter_ns()
     model.generate(
-        input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False,
-        max_new_tokens=steps + 1, min_new_tokens=steps + 1, pad_token_id=0,
+        input_ids,
+        attention_mask=torch.ones_like(input_ids),
+        do_sample=False,
+        max_new_tokens=steps + 1,
+        min_new_tokens=steps + 1,
+        pad_token_id=0,
     )
     synchronize(input_ids.device)
     return input_ids.shape[0] * (steps + 1) / ((time.perf_counter_ns() - start) / 1e9)
@@ -98,16 +102,20 @@ def main(argv: list[str] | None = None) -> int:
                 generated.append(generate_tokens_per_s(model, ids, args.steps))
 
     q1, median, q3 = statistics.quantiles(ratios, n=4, method="inclusive")
-    print(f"model {args.model} {args.dtype} on {device}, prompt {args.prompt_length}, "
-          f"batch {args.batch_size}, {args.steps} decode steps, {args.pairs} interleaved pairs, "
-          f"torch threads {torch.get_num_threads()}")
+    print(
+        f"model {args.model} {args.dtype} on {device}, prompt {args.prompt_length}, "
+        f"batch {args.batch_size}, {args.steps} decode steps, {args.pairs} interleaved pairs, "
+        f"torch threads {torch.get_num_threads()}"
+    )
     print(f"profiled decode tokens/s: median {statistics.median(profiled):.1f}")
     print(f"bare loop decode tokens/s: median {statistics.median(bare):.1f}")
     if generated:
         print(f"model.generate tokens/s (incl. its prefill): median {statistics.median(generated):.1f}")
-    print(f"ratio profiled/bare: median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
-          f"q1 {q1:.4f}  q3 {q3:.4f}  max {max(ratios):.4f}  (target >= 0.97: "
-          f"{'met' if statistics.median(ratios) >= 0.97 else 'NOT met'})")
+    print(
+        f"ratio profiled/bare: median {statistics.median(ratios):.4f}  min {min(ratios):.4f}  "
+        f"q1 {q1:.4f}  q3 {q3:.4f}  max {max(ratios):.4f}  (target >= 0.97: "
+        f"{'met' if statistics.median(ratios) >= 0.97 else 'NOT met'})"
+    )
     return 0
 
 

@@ -45,11 +45,17 @@ def _cpu_s() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def run(server: gt.GroundTruthServer, transport: str, streams: int, chunks: int, gap_ms: float,
-        processes: int = 1):
+def run(
+    server: gt.GroundTruthServer, transport: str, streams: int, chunks: int, gap_ms: float, processes: int = 1
+):
     model = f"ticks:{chunks}:{gap_ms:g}"
-    settings = LevelSettings(model=model, prompts=[f"p{i}" for i in range(streams)],
-                             max_tokens=chunks, max_concurrency=streams, num_requests=streams)
+    settings = LevelSettings(
+        model=model,
+        prompts=[f"p{i}" for i in range(streams)],
+        max_tokens=chunks,
+        max_concurrency=streams,
+        num_requests=streams,
+    )
 
     async def main():
         client = make_client(server.base_url, None, 60.0, streams, transport)
@@ -62,8 +68,8 @@ def run(server: gt.GroundTruthServer, transport: str, streams: int, chunks: int,
     cpu0 = _cpu_s()
     if processes > 1 and streams >= processes:
         result = run_level_processes(
-            processes, Connection(server.base_url, None, 60.0, transport), settings,
-            count_tokens=None)
+            processes, Connection(server.base_url, None, 60.0, transport), settings, count_tokens=None
+        )
     else:
         result = asyncio.run(main())
     cpu_s = _cpu_s() - cpu0
@@ -76,18 +82,22 @@ def run(server: gt.GroundTruthServer, transport: str, streams: int, chunks: int,
             lost += 1
             continue
         ttft.append((measured[0] - true[0]) / 1e6)
-        itl += [((measured[i] - measured[i - 1]) - (true[i] - true[i - 1])) / 1e6
-                for i in range(1, len(true))]
+        itl += [
+            ((measured[i] - measured[i - 1]) - (true[i] - true[i - 1])) / 1e6 for i in range(1, len(true))
+        ]
     ttft.sort()
     itl.sort()
     return {
         "transport": transport if processes == 1 else f"{transport} x{processes} processes",
         "streams": streams,
-        "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99),
-        "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99),
+        "itl_p50": percentile(itl, 50),
+        "itl_p99": percentile(itl, 99),
+        "ttft_p50": percentile(ttft, 50),
+        "ttft_p99": percentile(ttft, 99),
         "cpu_per_1000": cpu_s / (streams * chunks / 1000),
         "lag_p99": result.client.get("client_loop_lag_ms_p99"),
-        "bound": result.client.get("client_bound"), "lost": lost,
+        "bound": result.client.get("client_bound"),
+        "lost": lost,
     }
 
 
@@ -104,17 +114,20 @@ def main() -> None:
         run(server, "aiohttp", 1, 5, args.gap_ms)  # warm imports and the first connection
         for transport in args.transport.split(","):
             for streams in (int(s) for s in args.streams.split(",")):
-                rows.append(run(server, transport, streams, args.chunks, args.gap_ms,
-                                args.client_processes))
+                rows.append(run(server, transport, streams, args.chunks, args.gap_ms, args.client_processes))
                 print(rows[-1], file=sys.stderr, flush=True)
-    print("| transport | streams | ITL err p50 | ITL err p99 | TTFT err p50 | TTFT err p99 | "
-          "CPU s / 1000 chunks | loop lag p99 | client-bound | flag agrees | lost |")
+    print(
+        "| transport | streams | ITL err p50 | ITL err p99 | TTFT err p50 | TTFT err p99 | "
+        "CPU s / 1000 chunks | loop lag p99 | client-bound | flag agrees | lost |"
+    )
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in rows:
-        print(f"| {r['transport']} | {r['streams']} | {r['itl_p50']:.2f} | {r['itl_p99']:.2f} | "
-              f"{r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['cpu_per_1000']:.3f} | "
-              f"{r['lag_p99']:.2f} | {'yes' if r['bound'] else 'no'} | "
-              f"{'yes' if bool(r['bound']) == (r['itl_p99'] > 1.0) else 'NO'} | {r['lost']} |")
+        print(
+            f"| {r['transport']} | {r['streams']} | {r['itl_p50']:.2f} | {r['itl_p99']:.2f} | "
+            f"{r['ttft_p50']:.2f} | {r['ttft_p99']:.2f} | {r['cpu_per_1000']:.3f} | "
+            f"{r['lag_p99']:.2f} | {'yes' if r['bound'] else 'no'} | "
+            f"{'yes' if bool(r['bound']) == (r['itl_p99'] > 1.0) else 'NO'} | {r['lost']} |"
+        )
 
 
 if __name__ == "__main__":

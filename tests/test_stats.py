@@ -179,3 +179,34 @@ def test_short_outputs_trust_usage_but_not_a_re_tokenized_count_alone() -> None:
     ]
     assert count_short_outputs(records, 24) == 2
     assert count_short_outputs(records, 7) == 0
+
+
+def test_tpot_slo_skips_a_request_whose_tokens_came_in_one_chunk():
+    # 300 output tokens in one text chunk: TPOT is null (the client cannot see the decode), so a
+    # TPOT SLO neither passes nor fails it and the TTFT SLO decides (DESIGN.md, tpot_ms).
+    one_chunk = RequestRecord(
+        "one",
+        ttft_ms=120.0,
+        e2e_ms=120.0,
+        output_tokens=300,
+        tpot_ms=None,
+        itl_ms=[],
+        token_offsets_ms=[120.0],
+        output_tokens_source="usage",
+    )
+    assert meets_slos(one_chunk, {"ttft_ms": 500, "tpot_ms": 50})
+    assert not meets_slos(one_chunk, {"ttft_ms": 100, "tpot_ms": 50})
+    assert not meets_slos(one_chunk, {"itl_ms": 50})  # no gap: an ITL SLO still fails
+    # one output token: TPOT is undefined, and a TPOT SLO fails as before
+    one_token = RequestRecord(
+        "tok",
+        ttft_ms=120.0,
+        e2e_ms=120.0,
+        output_tokens=1,
+        tpot_ms=None,
+        token_offsets_ms=[120.0],
+        output_tokens_source="usage",
+    )
+    assert not meets_slos(one_token, {"tpot_ms": 50})
+    agg = aggregate_level([one_chunk, one_token], wall_s=2.0, goodput_slos={"ttft_ms": 500, "tpot_ms": 50})
+    assert agg["goodput_fraction"] == 0.5 and agg["goodput_requests_per_s"] == 0.5

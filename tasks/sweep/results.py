@@ -9,23 +9,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from tasks.metrics import SWEEP_POINT_METRICS
 from tasks.sweep.figures import PointResult
 from tasks.sweep.points import SweepPoint
 
 #: The per-point figures of ``tasks.sweep.figures.point_metrics`` carried into each point's
-#: result (and read back from a finished run on resume).
-SWEEP_METRICS = (
-    "num_samples",
-    "num_samples_failed",
-    "identical_fraction",
-    "distinct_1",
-    "distinct_2",
-    "output_tokens_mean",
-    "output_tokens_std",
-    "ttft_ms_mean",
-    "e2e_ms_mean",
-    "determinism_violated",
-)
+#: result (and read back from a finished run on resume); listed in the metric registry.
+SWEEP_METRICS = SWEEP_POINT_METRICS
 
 #: The figures that are counts: read back from MLflow (floats there) as ints.
 _COUNTS = frozenset({"num_samples", "num_samples_failed", "determinism_violated"})

@@ -1,0 +1,236 @@
+"""The entries of the registry: every metric the project logs, grouped by stage.
+
+Add a metric here (and nowhere else); :mod:`tasks.metrics` answers every question about it.
+"""
+
+from __future__ import annotations
+
+from tasks.metrics.metric import STAT_NAMES, Metric
+
+_ALL = STAT_NAMES
+_LAT, _TPUT, _MEM = "higher", "lower", "higher"  # the usual worse direction of each kind
+
+#: Every metric the project logs, grouped by stage (order = the doc table's order).
+REGISTRY: tuple[Metric, ...] = (
+    # tokenize (tasks/tokenize.py summary_metrics); only the model's own count is comparable
+    Metric(
+        "token_count_model_total",
+        "tokens",
+        "tokenize",
+        "All prompts' tokens under the model's own tokenizer.",
+        "higher",
+        comparable=True,
+    ),
+    Metric(
+        "token_count_<tokenizer>_total", "tokens", "tokenize", "All prompts' tokens, per tokenizer.", "higher"
+    ),
+    Metric(
+        "chars_per_token_<tokenizer>_mean",
+        "chars/token",
+        "tokenize",
+        "All prompts' characters over their tokens.",
+        "lower",
+    ),
+    # local profile, per point (tasks/profile/measure.py profile_point, runner.run_sweep)
+    Metric(
+        "prefill_ms",
+        "ms",
+        "profile",
+        "One forward over the prompt (median of the repeats).",
+        _LAT,
+        comparable=True,
+    ),
+    Metric("ttft_local_ms", "ms", "profile", "prefill_ms under the stream stage's name.", _LAT),
+    Metric(
+        "prefill_tokens_per_s",
+        "tokens/s",
+        "profile",
+        "batch x prompt tokens / prefill time.",
+        _TPUT,
+        comparable=True,
+    ),
+    Metric(
+        "decode_ms",
+        "ms",
+        "profile",
+        "One decode step (the median repeat's steps).",
+        _LAT,
+        _ALL,
+        comparable=True,
+    ),
+    Metric("decode_step_ms", "ms", "profile", "Each decode step, one MLflow step each (a series).", _LAT),
+    Metric("decode_tokens_per_s", "tokens/s", "profile", "batch / decode_ms_p50.", _TPUT, comparable=True),
+    Metric("weights_bytes", "bytes", "profile", "The model's parameters and buffers.", _MEM, comparable=True),
+    Metric(
+        "kv_cache_bytes",
+        "bytes",
+        "profile",
+        "KV-cache tensors after decode (measured).",
+        _MEM,
+        comparable=True,
+    ),
+    Metric("kv_cache_bytes_after_prefill", "bytes", "profile", "KV-cache tensors after prefill.", _MEM),
+    Metric(
+        "kv_cache_bytes_formula",
+        "bytes",
+        "profile",
+        "batch x positions x 2 x layers x kv_heads x head_dim x dtype bytes.",
+        _MEM,
+    ),
+    Metric("kv_cache_bytes_formula_after_prefill", "bytes", "profile", "The formula after prefill.", _MEM),
+    Metric(
+        "kv_cache_bytes_seed_formula",
+        "bytes",
+        "profile",
+        "The seed's form (hidden_size: too large under GQA).",
+        _MEM,
+    ),
+    Metric("kv_seed_formula_ratio", "ratio", "profile", "Seed formula / formula (> 1 under GQA)."),
+    Metric("kv_cache_positions", "positions", "profile", "Positions in the cache after decode."),
+    Metric("kv_cache_positions_after_prefill", "positions", "profile", "Positions after prefill."),
+    Metric(
+        "peak_memory_bytes",
+        "bytes",
+        "profile",
+        "CUDA: max allocated; CPU: peak RSS minus the RSS before.",
+        _MEM,
+        comparable=True,
+    ),
+    Metric("peak_memory_baseline_bytes", "bytes", "profile", "Memory in use before the point."),
+    Metric("peak_memory_reserved_bytes", "bytes", "profile", "CUDA: max reserved by the allocator.", _MEM),
+    Metric("memory_estimate_bytes", "bytes", "profile", "The runner's estimate before the point.", _MEM),
+    Metric(
+        "decode_bandwidth_gb_per_s",
+        "GB/s",
+        "profile",
+        "CUDA: bytes read per step x steps / decode time.",
+        _TPUT,
+    ),
+    Metric("gpu_power_w", "W", "profile", "NVML board power, timed runs.", "higher", ("mean", "max")),
+    Metric("gpu_utilization_pct", "%", "profile", "NVML utilisation, timed runs.", None, ("mean", "max")),
+    Metric("gpu_energy_joules", "J", "profile", "NVML energy counter, end - start.", "higher"),
+    Metric("gpu_metric_samples", "count", "profile", "NVML sampling rounds."),
+    # the point's settings and the model's shape, echoed as metrics (neutral)
+    *(
+        Metric(name, unit, "profile", text)
+        for name, unit, text in (
+            ("prompt_tokens", "tokens", "Prompt length of the point."),
+            ("batch_size", "sequences", "Batch size of the point."),
+            ("max_new_tokens", "tokens", "Decode steps of the point."),
+            ("new_tokens_per_sequence", "tokens", "max_new_tokens + 1 (prefill's token)."),
+            ("prefill_chunk_size", "tokens", "Chunked prefill size; 0 = the whole prompt at once."),
+            ("prefill_chunks", "count", "Forwards the prefill took."),
+            ("repeats", "count", "Timed repeats of the point."),
+            ("warmup", "count", "Untimed warm-up runs of the point."),
+            ("torch_num_threads", "threads", "torch.get_num_threads() during the point."),
+            ("num_layers", "count", "Decoder layers of the model."),
+            ("num_attention_heads", "count", "Attention heads per layer."),
+            ("num_kv_heads", "count", "Key/value heads per layer (< heads under GQA)."),
+            ("head_dim", "count", "Dimension of one attention head."),
+            ("hidden_size", "count", "Hidden size of the model."),
+            ("profile_points", "count", "Points of the profile grid (stage run)."),
+        )
+    ),
+    Metric("profile_failed_points", "count", "profile", "Points that failed (stage run).", "higher"),
+    # remote stream, per level (tasks/stats.py aggregate_level, tasks/stream/*); DESIGN.md has
+    # the contract of each latency
+    Metric(
+        "ttft_ms", "ms", "stream", "Send -> first text-carrying chunk.", _LAT, _ALL, slo=True, comparable=True
+    ),
+    Metric(
+        "tpot_ms",
+        "ms",
+        "stream",
+        "(e2e_ms - ttft_ms) / (output_tokens - 1), per request.",
+        _LAT,
+        _ALL,
+        slo=True,
+        comparable=True,
+    ),
+    Metric(
+        "e2e_ms", "ms", "stream", "Send -> last text-carrying chunk.", _LAT, _ALL, slo=True, comparable=True
+    ),
+    Metric(
+        "itl_ms",
+        "ms",
+        "stream",
+        "Every gap between text chunks, pooled over requests.",
+        _LAT,
+        _ALL,
+        slo=True,
+        comparable=True,
+    ),
+    Metric("num_requests", "count", "stream", "Measured requests (warm-ups excluded)."),
+    Metric("num_succeeded", "count", "stream", "Requests with a token and no error."),
+    Metric("num_errors", "count", "stream", "Failed requests.", "higher"),
+    Metric("error_rate", "fraction", "stream", "num_errors / num_requests.", "higher", comparable=True),
+    Metric("errors_<class>", "count", "stream", "Failed requests of one error class.", "higher"),
+    Metric("output_tokens_total", "tokens", "stream", "Output tokens of the successful requests."),
+    Metric(
+        "output_tokens_per_s", "tokens/s", "stream", "All output tokens / wall time.", _TPUT, comparable=True
+    ),
+    Metric(
+        "requests_per_s", "requests/s", "stream", "Successful requests / wall time.", _TPUT, comparable=True
+    ),
+    Metric(
+        "goodput_requests_per_s",
+        "requests/s",
+        "stream",
+        "Requests within every SLO / wall time.",
+        _TPUT,
+        comparable=True,
+    ),
+    Metric("goodput_fraction", "fraction", "stream", "Requests within every SLO / requests.", _TPUT),
+    Metric("num_short_outputs", "count", "stream", "Successes with fewer tokens than asked.", "higher"),
+    Metric(
+        "client_loop_lag_ms",
+        "ms",
+        "stream",
+        "How late the client's event loop read arrived data.",
+        _LAT,
+        ("p50", "p99", "max"),
+    ),
+    Metric("client_loop_lag_samples", "count", "stream", "Loop-lag samples kept."),
+    Metric("client_bound", "0/1", "stream", "1 when client_loop_lag_ms_p99 passes the tolerance.", "higher"),
+    Metric("client_processes", "count", "stream", "Client processes that drove the level."),
+    Metric("server_<series>_delta", "as served", "stream", "Prometheus counter increase over the level."),
+    Metric(
+        "server_<series>",
+        "as served",
+        "stream",
+        "Prometheus histogram mean and quantiles over the level.",
+        None,
+        ("mean", "p50", "p90", "p99"),
+    ),
+    *(
+        Metric(
+            f"server_{m}_ms",
+            "ms",
+            "stream",
+            f"The server's own {m} (vLLM /metrics).",
+            _LAT,
+            ("mean", "p50", "p90", "p99"),
+        )
+        for m in ("ttft", "tpot", "e2e", "itl", "queue")
+    ),
+    *(
+        Metric(f"{m}_ms_mean_client_minus_server", "ms", "stream", f"{m}_ms_mean - server_{m}_ms_mean.")
+        for m in ("ttft", "tpot", "e2e", "itl")
+    ),
+    Metric(
+        "server_client_disagree", "0/1", "stream", "1 when client and server TTFT/E2E disagree.", "higher"
+    ),
+    # sampling sweep, per point (tasks/sweep point_metrics) and on the stage run
+    Metric("num_samples", "count", "sweep", "Samples of the point."),
+    Metric("num_samples_failed", "count", "sweep", "Samples that failed.", "higher"),
+    Metric("identical_fraction", "fraction", "sweep", "Share of samples equal to the commonest."),
+    Metric("distinct_1", "fraction", "sweep", "Distinct / all unigrams (model tokens)."),
+    Metric("distinct_2", "fraction", "sweep", "Distinct / all bigrams (model tokens)."),
+    Metric("output_tokens_mean", "tokens", "sweep", "Mean output length of the samples."),
+    Metric("output_tokens_std", "tokens", "sweep", "Population std of the output lengths."),
+    Metric("determinism_violated", "0/1", "sweep", "1 when a greedy point's outputs differ.", "higher"),
+    Metric("sweep_points", "count", "sweep", "Points of the sweep (stage run)."),
+    Metric("sweep_points_skipped", "count", "sweep", "Points resumed from earlier runs."),
+    Metric("sweep_points_failed", "count", "sweep", "Points with a failed sample.", "higher"),
+    Metric("sweep_determinism_violations", "count", "sweep", "Points with determinism_violated.", "higher"),
+)

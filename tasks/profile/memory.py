@@ -31,6 +31,8 @@ from typing import Any, NamedTuple
 
 import torch
 
+from tasks.arch import text_config
+
 __all__ = [
     "MemoryNeedError",
     "PointMemory",
@@ -119,16 +121,6 @@ def kv_cache_bytes_seed_formula(
     return int(batch * positions * 2 * num_layers * hidden_size * dtype_bytes)
 
 
-def _text_config(config: Any) -> Any:
-    get = getattr(config, "get_text_config", None)
-    if callable(get):
-        try:
-            return get(decoder=True)
-        except TypeError:
-            return get()
-    return config
-
-
 def kv_geometry(config: Any) -> tuple[int, int, int]:
     """``(num_layers, num_kv_heads, head_dim)`` of a transformers config.
 
@@ -142,7 +134,7 @@ def kv_geometry(config: Any) -> tuple[int, int, int]:
     Raises:
         ValueError: the config lacks ``num_hidden_layers`` or ``num_attention_heads``.
     """
-    cfg = _text_config(config)
+    cfg = text_config(config)
     num_layers = getattr(cfg, "num_hidden_layers", None)
     num_heads = getattr(cfg, "num_attention_heads", None)
     if num_layers is None or num_heads is None:
@@ -262,7 +254,7 @@ def estimate_point_memory(
         max_new_tokens=max_new_tokens,
         prefill_chunk_size=prefill_chunk_size,
     )
-    cfg = _text_config(config)
+    cfg = text_config(config)
     layers, kv_heads, head_dim = kv_geometry(cfg)
     heads, hidden = int(cfg.num_attention_heads), int(cfg.hidden_size)
     intermediate = int(getattr(cfg, "intermediate_size", None) or 4 * hidden)

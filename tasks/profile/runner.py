@@ -37,7 +37,8 @@ from typing import Any
 
 import torch
 
-from tasks.models import load_model, model_config, parameter_count, resolve
+from tasks.arch import parameter_count
+from tasks.models import load_model, model_config, resolve
 from tasks.profile.grid import ProfilePoint, steps_swept
 from tasks.profile.measure import make_prompt_ids, profile_point
 from tasks.profile.memory import (

@@ -78,30 +78,14 @@ def judge_metric(
 ) -> MetricVerdict:
     """Compare one metric (see the module docstring for the rule)."""
     low, high = spread
+
+    def unjudged(reason: str) -> MetricVerdict:  # no relative change can be computed
+        return MetricVerdict(metric, baseline, current, None, threshold_pct, low, high, False, reason)
+
     if current is None or baseline is None:
-        return MetricVerdict(
-            metric,
-            baseline,
-            current,
-            None,
-            threshold_pct,
-            low,
-            high,
-            False,
-            "missing in the current run" if current is None else "no baseline",
-        )
+        return unjudged("missing in the current run" if current is None else "no baseline")
     if baseline == 0:
-        return MetricVerdict(
-            metric,
-            baseline,
-            current,
-            None,
-            threshold_pct,
-            low,
-            high,
-            False,
-            "baseline is 0: no relative change",
-        )
+        return unjudged("baseline is 0: no relative change")
     change_pct = (current - baseline) / abs(baseline) * 100.0
     beyond = change_pct > threshold_pct if threshold_pct >= 0 else change_pct < threshold_pct
     inside_spread = low is not None and high is not None and low <= current <= high

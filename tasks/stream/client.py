@@ -16,31 +16,26 @@ text-carrying chunks this module collects:
   caller's tokenizer, without special tokens; GenAI-Perf counts the same way). Never the chunk
   count, never ``max_tokens``.
 
-Inside the receive loop there is only a clock read, the text lookup and list appends: no
-logging, no tokenizing, no string joins.
-
-Two transports give the same record: :class:`SSEClient` (aiohttp with this module's own SSE
-parser; the default of ``tasks.stream.load.make_client``) and the openai client's
-``AsyncOpenAI``. They were chosen on numbers (``tests/benchmarks/stream_client.py``, README
-"Stream"): at 64 and 256 concurrent streams the openai client's per-chunk parsing (a pydantic
-model per chunk over httpx2) makes its own event loop the bottleneck and its measured ITL error
-p99 grows to ~0.1 s / ~1 s, while aiohttp with a byte-level SSE parser stays within a few ms.
+Two transports give the same record: :class:`SSEClient` (aiohttp with our own SSE parser; the
+default of ``tasks.stream.load.make_client``) and the openai client's ``AsyncOpenAI``. Their
+receive loops (only a clock read, the text lookup and list appends inside; no logging, no
+tokenizing, no string joins) and why there are two are in :mod:`tasks.stream.transports`; this
+module sends the request, reads the clock around it and builds the record.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Callable
 from typing import Any
 
 import aiohttp
-import httpx2
 import openai
 
-from tasks.stream.errors import EMPTY_RESPONSE, SERVER, StreamError, classify
+from tasks.stream.errors import EMPTY_RESPONSE, classify
 from tasks.stream.records import RequestRecord
 from tasks.stream.timing import chunk_timing, tpot_ms
+from tasks.stream.transports import new_state, receive_openai, receive_sse
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
@@ -85,16 +80,9 @@ def build_request(
     }
 
 
-def _in_stream_error(chunk: Any) -> StreamError:
-    """The error of a chunk that is an error object without an ``error`` key (vLLM's older
-    ``{"object": "error", "message": ...}``; ``{"error": {...}}`` is raised by the client)."""
-    extra = chunk.model_extra or {}
-    message = extra.get("message") or "the server sent an error object inside the stream"
-    return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
-
-
 class SSEClient:
-    """An OpenAI-compatible chat-completions client over aiohttp, with its own SSE parser.
+    """An OpenAI-compatible chat-completions client over aiohttp; :func:`stream_chat` reads its
+    streams with the SSE parser of :func:`tasks.stream.transports.receive_sse`.
 
     The same interface as the parts of ``AsyncOpenAI`` the stream client uses: ``api_key``,
     ``base_url`` and ``await close()``. ``request_timeout_s`` bounds connecting and each read
@@ -138,106 +126,6 @@ class SSEClient:
             self._session = None
 
 
-def _request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """The JSON body the openai client would send for :func:`build_request`'s kwargs."""
-    body = {k: v for k, v in kwargs.items() if k != "extra_body"}
-    body.update(kwargs.get("extra_body") or {})
-    return body
-
-
-def _status_error(url: str, status: int, headers: Any, raw: bytes) -> openai.APIStatusError:
-    """An HTTP error response as the openai client would raise it (same classification)."""
-    try:
-        parsed = json.loads(raw)
-    except ValueError:
-        parsed = raw.decode("utf-8", "replace")
-    data = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
-    response = httpx2.Response(
-        status, headers=dict(headers), content=raw, request=httpx2.Request("POST", url)
-    )
-    return openai.APIStatusError(f"Error code: {status}", response=response, body=data)
-
-
-def _event_error(event: dict[str, Any]) -> StreamError | None:
-    """The error of an in-stream error object (``{"error": {...}}`` or vLLM's
-    ``{"object": "error", "message": ...}``), else None."""
-    error = event.get("error")
-    if error is not None:
-        message = error.get("message") if isinstance(error, dict) else error
-    elif event.get("object") == "error":
-        message = event.get("message")
-    else:
-        return None
-    message = message or "the server sent an error object inside the stream"
-    return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
-
-
-async def _stream_sse(client: SSEClient, kwargs: dict[str, Any], state: dict[str, Any]) -> None:
-    """Send the request and read its SSE body into ``state`` (arrivals, parts, usage, ...).
-
-    SSE (WHATWG HTML, "Server-sent events"): events end with a blank line; ``data:`` lines (one
-    optional space after the colon) carry the payload; lines starting with ``:`` are comments;
-    ``\r\n`` line ends are accepted. Every event read from one network read gets that read's
-    arrival time. Transport failures are raised as the openai client would raise them.
-    """
-    url = client.url
-    perf = time.perf_counter_ns
-    arrivals, parts = state["arrivals_ns"], state["parts"]
-    loads = json.loads
-    try:
-        async with client.session().post(
-            url, data=json.dumps(_request_body(kwargs)), headers=client.headers
-        ) as response:
-            if response.status != 200:
-                raise _status_error(url, response.status, response.headers, await response.read())
-            state["in_stream"] = True
-            pending = b""
-            data_lines: list[bytes] = []
-            async for block in response.content.iter_any():
-                now_ns = perf()
-                lines = (pending + block).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    if line.endswith(b"\r"):
-                        line = line[:-1]
-                    if line:
-                        if line.startswith(b"data:"):
-                            data_lines.append(line[6:] if line[5:6] == b" " else line[5:])
-                        continue
-                    if not data_lines:
-                        continue
-                    payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
-                    data_lines = []
-                    if payload == b"[DONE]":
-                        continue
-                    event = loads(payload)
-                    state["chunks"] += 1
-                    choices = event.get("choices") if isinstance(event, dict) else None
-                    if choices:
-                        choice = choices[0]
-                        delta = choice.get("delta") or {}
-                        text = (
-                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                        )
-                        if text and isinstance(text, str):
-                            arrivals.append(now_ns)
-                            parts.append(text)
-                        if choice.get("finish_reason") is not None:
-                            state["finish_reason"] = choice["finish_reason"]
-                    elif isinstance(event, dict):
-                        error = _event_error(event)
-                        if error is not None:
-                            raise error
-                    usage = event.get("usage") if isinstance(event, dict) else None
-                    if usage:
-                        state["usage"] = usage
-    except (aiohttp.ClientError, OSError) as exc:
-        request = httpx2.Request("POST", url)
-        if isinstance(exc, TimeoutError):
-            raise openai.APITimeoutError(request=request) from exc
-        raise openai.APIConnectionError(message=str(exc), request=request) from exc
-
-
 async def stream_chat(
     client: openai.AsyncOpenAI | SSEClient,
     *,
@@ -268,21 +156,14 @@ async def stream_chat(
     kwargs = build_request(
         model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling, extra_body=extra_body
     )
-    state: dict[str, Any] = {
-        "arrivals_ns": [],
-        "parts": [],
-        "usage": None,
-        "chunks": 0,
-        "finish_reason": None,
-        "in_stream": False,
-    }
+    state = new_state()
     failure: BaseException | None = None
     perf = time.perf_counter_ns
     if isinstance(client, SSEClient):
         client.session()  # made before the clock starts
         send_ns = perf()
         try:
-            await _stream_sse(client, kwargs, state)
+            await receive_sse(client.session(), client.url, client.headers, kwargs, state)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     else:
@@ -291,7 +172,7 @@ async def stream_chat(
         create = client.chat.completions.create
         send_ns = perf()
         try:
-            await _stream_openai(create, kwargs, state)
+            await receive_openai(create, kwargs, state)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     end_ns = perf()
@@ -317,40 +198,6 @@ async def stream_chat(
         model=model,
         secret=getattr(client, "api_key", None),
     )
-
-
-async def _stream_openai(create: Any, kwargs: dict[str, Any], state: dict[str, Any]) -> None:
-    """Send the request with the openai client and read its chunks into ``state``."""
-    arrivals_ns, parts = state["arrivals_ns"], state["parts"]
-    perf = time.perf_counter_ns
-    stream = await create(**kwargs)
-    state["in_stream"] = True
-    try:
-        async for chunk in stream:
-            now_ns = perf()
-            state["chunks"] += 1
-            choices = chunk.choices
-            if choices:
-                choice = choices[0]
-                delta = choice.delta
-                text = delta.content if delta is not None else None
-                if not text and delta is not None:
-                    extra = delta.model_extra
-                    if extra:
-                        text = extra.get("reasoning_content") or extra.get("reasoning")
-                        if not isinstance(text, str):
-                            text = None
-                if text:
-                    arrivals_ns.append(now_ns)
-                    parts.append(text)
-                if choice.finish_reason is not None:
-                    state["finish_reason"] = choice.finish_reason
-            elif getattr(chunk, "object", None) == "error":
-                raise _in_stream_error(chunk)
-            if chunk.usage is not None:
-                state["usage"] = chunk.usage
-    finally:
-        await stream.close()
 
 
 def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int] | None) -> None:

@@ -1,0 +1,204 @@
+"""The receive loops of the two transports: one request's chunks -> the stream state.
+
+:func:`receive_sse` (aiohttp with this module's own SSE parser, behind
+:class:`tasks.stream.client.SSEClient`) and :func:`receive_openai` (the openai client's
+``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
+(``time.perf_counter_ns()``) and texts of the text-carrying chunks, the final usage, the chunk
+count, the finish reason, and whether the stream was open. A text-carrying chunk is defined in
+:mod:`tasks.stream.client`'s docstring; the record is built from the state there.
+
+Separate from :mod:`tasks.stream.client` because this is the hot path and nothing else: inside
+the receive loops there is only a clock read, the text lookup and list appends: no logging, no
+tokenizing, no string joins. Transport failures are raised as the openai client would raise them
+(``openai.APIStatusError``, ``APITimeoutError``, ``APIConnectionError``), and an in-stream error
+object as a :class:`tasks.stream.errors.StreamError`, so one classifier
+(``tasks.stream.errors.classify``) serves both.
+
+Why two: the transports were chosen on numbers (``tests/benchmarks/stream_client.py``, README
+"Stream"): at 64 and 256 concurrent streams the openai client's per-chunk parsing (a pydantic
+model per chunk over httpx2) makes its own event loop the bottleneck and its measured ITL error
+p99 grows to ~0.1 s / ~1 s, while aiohttp with a byte-level SSE parser stays within a few ms.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import aiohttp
+import httpx2
+import openai
+
+from tasks.stream.errors import SERVER, StreamError
+
+
+def new_state() -> dict[str, Any]:
+    """An empty stream state, filled by a receive loop.
+
+    Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk),
+    ``parts`` (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the
+    openai client's usage object, or None), ``chunks`` (int, every parsed chunk),
+    ``finish_reason`` (str or None) and ``in_stream`` (bool, True once a 200 response began).
+    """
+    return {
+        "arrivals_ns": [],
+        "parts": [],
+        "usage": None,
+        "chunks": 0,
+        "finish_reason": None,
+        "in_stream": False,
+    }
+
+
+def _in_stream_error(chunk: Any) -> StreamError:
+    """The error of a chunk that is an error object without an ``error`` key (vLLM's older
+    ``{"object": "error", "message": ...}``; ``{"error": {...}}`` is raised by the client)."""
+    extra = chunk.model_extra or {}
+    message = extra.get("message") or "the server sent an error object inside the stream"
+    return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
+
+
+def _request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The JSON body the openai client would send for :func:`tasks.stream.client.build_request`'s
+    kwargs."""
+    body = {k: v for k, v in kwargs.items() if k != "extra_body"}
+    body.update(kwargs.get("extra_body") or {})
+    return body
+
+
+def _status_error(url: str, status: int, headers: Any, raw: bytes) -> openai.APIStatusError:
+    """An HTTP error response as the openai client would raise it (same classification)."""
+    try:
+        parsed = json.loads(raw)
+    except ValueError:
+        parsed = raw.decode("utf-8", "replace")
+    data = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
+    response = httpx2.Response(
+        status, headers=dict(headers), content=raw, request=httpx2.Request("POST", url)
+    )
+    return openai.APIStatusError(f"Error code: {status}", response=response, body=data)
+
+
+def _event_error(event: dict[str, Any]) -> StreamError | None:
+    """The error of an in-stream error object (``{"error": {...}}`` or vLLM's
+    ``{"object": "error", "message": ...}``), else None."""
+    error = event.get("error")
+    if error is not None:
+        message = error.get("message") if isinstance(error, dict) else error
+    elif event.get("object") == "error":
+        message = event.get("message")
+    else:
+        return None
+    message = message or "the server sent an error object inside the stream"
+    return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
+
+
+async def receive_sse(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    kwargs: dict[str, Any],
+    state: dict[str, Any],
+) -> None:
+    """POST the request to ``url`` and read its SSE body into ``state`` (:func:`new_state`).
+
+    ``kwargs``: :func:`tasks.stream.client.build_request`'s, sent as the openai client would.
+
+    SSE (WHATWG HTML, "Server-sent events"): events end with a blank line; ``data:`` lines (one
+    optional space after the colon) carry the payload; lines starting with ``:`` are comments;
+    ``\r\n`` line ends are accepted. Every event read from one network read gets that read's
+    arrival time. Transport failures are raised as the openai client would raise them.
+    """
+    perf = time.perf_counter_ns
+    arrivals, parts = state["arrivals_ns"], state["parts"]
+    loads = json.loads
+    try:
+        async with session.post(url, data=json.dumps(_request_body(kwargs)), headers=headers) as response:
+            if response.status != 200:
+                raise _status_error(url, response.status, response.headers, await response.read())
+            state["in_stream"] = True
+            pending = b""
+            data_lines: list[bytes] = []
+            async for block in response.content.iter_any():
+                now_ns = perf()
+                lines = (pending + block).split(b"\n")
+                pending = lines.pop()
+                for line in lines:
+                    if line.endswith(b"\r"):
+                        line = line[:-1]
+                    if line:
+                        if line.startswith(b"data:"):
+                            data_lines.append(line[6:] if line[5:6] == b" " else line[5:])
+                        continue
+                    if not data_lines:
+                        continue
+                    payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
+                    data_lines = []
+                    if payload == b"[DONE]":
+                        continue
+                    event = loads(payload)
+                    state["chunks"] += 1
+                    choices = event.get("choices") if isinstance(event, dict) else None
+                    if choices:
+                        choice = choices[0]
+                        delta = choice.get("delta") or {}
+                        text = (
+                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                        )
+                        if text and isinstance(text, str):
+                            arrivals.append(now_ns)
+                            parts.append(text)
+                        if choice.get("finish_reason") is not None:
+                            state["finish_reason"] = choice["finish_reason"]
+                    elif isinstance(event, dict):
+                        error = _event_error(event)
+                        if error is not None:
+                            raise error
+                    usage = event.get("usage") if isinstance(event, dict) else None
+                    if usage:
+                        state["usage"] = usage
+    except (aiohttp.ClientError, OSError) as exc:
+        request = httpx2.Request("POST", url)
+        if isinstance(exc, TimeoutError):
+            raise openai.APITimeoutError(request=request) from exc
+        raise openai.APIConnectionError(message=str(exc), request=request) from exc
+
+
+async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, Any]) -> None:
+    """Send the request with the openai client and read its chunks into ``state``
+    (:func:`new_state`).
+
+    ``create``: the client's ``chat.completions.create``, resolved before the clock starts;
+    ``kwargs``: :func:`tasks.stream.client.build_request`'s.
+    """
+    arrivals_ns, parts = state["arrivals_ns"], state["parts"]
+    perf = time.perf_counter_ns
+    stream = await create(**kwargs)
+    state["in_stream"] = True
+    try:
+        async for chunk in stream:
+            now_ns = perf()
+            state["chunks"] += 1
+            choices = chunk.choices
+            if choices:
+                choice = choices[0]
+                delta = choice.delta
+                text = delta.content if delta is not None else None
+                if not text and delta is not None:
+                    extra = delta.model_extra
+                    if extra:
+                        text = extra.get("reasoning_content") or extra.get("reasoning")
+                        if not isinstance(text, str):
+                            text = None
+                if text:
+                    arrivals_ns.append(now_ns)
+                    parts.append(text)
+                if choice.finish_reason is not None:
+                    state["finish_reason"] = choice.finish_reason
+            elif getattr(chunk, "object", None) == "error":
+                raise _in_stream_error(chunk)
+            if chunk.usage is not None:
+                state["usage"] = chunk.usage
+    finally:
+        await stream.close()

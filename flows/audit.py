@@ -14,7 +14,7 @@ import traceback
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 
-from flows.runs import parent_run
+from flows.runs import model_label, parent_run, target_label
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
@@ -34,6 +34,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         track,
         tags,
         artifact_key="audit-summary",
+        what=_audit_what(config),
     ) as run:
         stages: dict[str, dict] = {}
         errors: dict[str, str] = {}
@@ -49,7 +50,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         if config.tokenize.enabled:
             attempt("tokenize", lambda: tokenize_stage(config.tokenize, config.profile.model, **common))
         if config.profile.enabled:
-            attempt("profile", lambda: profile_stage(config.profile, **common))
+            attempt("profile", lambda: profile_stage(config.profile, **common, breakdown_default=True))
         endpoint_kind = None
         if config.stream.enabled or config.sweep.enabled:
             try:
@@ -75,24 +76,27 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                 errors["regression"] = str(exc)
         if verdict is not None:
             summary += "\n" + verdict.markdown()
-            logger.info("regression verdict: %s", "REGRESSION" if verdict.regressed else "ok")
+            logger.info("regression verdict: %s", verdict.status)
         run.finish(headline, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
     return {
         "stages": stages,
         "headline": headline,
         "errors": errors,
-        "regression": None
-        if verdict is None
-        else {
-            "regressed": verdict.regressed,
-            "baseline": verdict.baseline_label,
-            "rows": [row.to_row() for row in verdict.rows],
-        },
+        "regression": None if verdict is None else verdict.to_dict(),
         "mlflow_run_id": run.run_id,
         "tracking_uri": run.tracker.tracking_uri if run.run_id else None,
         "ui_command": run.ui_command,
         "workdir": str(run.workdir),
     }
+
+
+def _audit_what(config: AuditConfig) -> list[str]:
+    """The run name's subject: the endpoint the remote stages use (engine and model), else the
+    locally profiled model."""
+    if config.stream.enabled or config.sweep.enabled:
+        endpoint, server = config.endpoint, config.server
+        return target_label(endpoint.base_url, endpoint.model, server.engine, server.model)
+    return [model_label(config.profile.model)]
 
 
 @flow(name="audit", log_prints=True)

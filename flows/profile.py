@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, model_label, parent_run
 from tasks.config import ProfileFlowConfig
 
 # torch, transformers and tasks.pipeline are imported inside the body, so that loading this
@@ -29,7 +29,8 @@ def run_profile(config: ProfileFlowConfig, track: bool = True, show_progress: bo
     tags = {"model": config.profile.model, "random_weights": resolve(config.profile.model).random_weights}
     # the params are the sections only (not the run name): the names the profile runs have
     params = config.model_dump(mode="json", include={"profile", "tracking"})
-    with parent_run("profile", config.name, params, config.tracking, track, tags) as run:
+    what = [model_label(config.profile.model)]
+    with parent_run("profile", config.name, params, config.tracking, track, tags, what=what) as run:
         result: dict = {"points": [], "headline": {}, "error": None}
         try:
             stage = profile_stage(config.profile, **run.stage_args(), show_progress=show_progress)

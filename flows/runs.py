@@ -13,7 +13,7 @@ import contextlib
 import os
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,10 +25,10 @@ from prefect.states import Completed, Failed, State
 
 from tasks.config import TrackingConfig
 from tasks.environment import environment_tags
-from tasks.models import REPO_ROOT
+from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
 
-__all__ = ["ParentRun", "final_state", "new_workdir", "parent_run"]
+__all__ = ["ParentRun", "final_state", "latest_workdir", "new_workdir", "parent_run"]
 
 
 def new_workdir(kind: str) -> Path:
@@ -37,7 +37,18 @@ def new_workdir(kind: str) -> Path:
     ``<YYYYmmdd-HHMMSS>-<kind>-<random>``."""
     root = Path(os.environ.get("INFERMETER_WORK_DIR", REPO_ROOT / ".cache" / "infermeter" / "runs"))
     root.mkdir(parents=True, exist_ok=True)
-    return Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-", dir=root))
+    workdir = Path(tempfile.mkdtemp(prefix=f"{time.strftime('%Y%m%d-%H%M%S')}-{kind}-", dir=root))
+    _WORKDIRS.append(workdir)
+    return workdir
+
+
+#: Every work folder this process made, oldest first: an interrupted command names its own.
+_WORKDIRS: list[Path] = []
+
+
+def latest_workdir() -> Path | None:
+    """The work folder this process made last (None: none yet)."""
+    return _WORKDIRS[-1] if _WORKDIRS else None
 
 
 @dataclass
@@ -100,14 +111,18 @@ def parent_run(
     track: bool = True,
     tags: Mapping[str, Any] | None = None,
     artifact_key: str | None = None,
+    what: Sequence[str] = (),
 ) -> Iterator[ParentRun]:
     """Start the parent run of a flow run; finish it when the block ends.
 
     Args:
         flow_name: the ``flow`` tag and the work folder's kind (``audit``, ``stream``, ...).
-        run_name: the MLflow run name.
+        run_name: the config's name: the tag ``config_name``, and the MLflow run name when
+            ``what`` is empty.
+        what: what the run measures (engine, model): the MLflow run name is then
+            :func:`run_title` (``audit llama.cpp SmolLM2-135M-Instruct 2026-11-30 10:06``).
         params: the config as JSON-shaped data: flattened as params (``stream.max_concurrency``
-            = ``[1,2]``), and whole as the ``config.yaml`` artifact.
+            = ``[1, 2]``), and whole as the ``config.yaml`` artifact.
         tracking: experiment and on/off; ``track=False`` (``--no-track``) turns it off too.
         tags: tags beside the environment's and Prefect's (model, endpoint).
         artifact_key: key of the Prefect markdown artifact (None: unkeyed).
@@ -120,7 +135,8 @@ def parent_run(
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track)
     tracker = target.open()
     all_tags = _tags(flow_name, tags or {})
-    run_id = tracker.start_run(run_name, tags=all_tags)
+    all_tags["config_name"] = run_name
+    run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)
     tracker.log_params(run_id, flatten_params(dict(params)))
     tracker.log_dict(run_id, dict(params), "config.yaml")
     workdir = new_workdir(flow_name)
@@ -148,6 +164,8 @@ def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | 
     if error:
         tracker.set_tags(run_id, {"error": error[:500]})
     tracker.end_run(run_id, "FAILED" if error else "FINISHED")
+    if run_id:  # the Prefect run log names the MLflow run it wrote
+        get_run_logger().info("MLflow run %s ended %s", run_id, "FAILED" if error else "FINISHED")
     link = tracker.run_url(run_id) or f"MLflow run id `{run_id}` in {tracker.tracking_uri}"
     try:
         create_markdown_artifact(f"{summary}\n\nMLflow: {link}\n", key=artifact_key)
@@ -161,3 +179,41 @@ def final_state(result: dict[str, Any]) -> State:
     if result["error"]:
         return Failed(message=result["error"], data=result)
     return Completed(data=result)
+
+
+#: How the engines read in run names.
+_ENGINE_LABELS = {"llamacpp": "llama.cpp", "vllm": "vLLM"}
+
+
+def model_label(spec: str) -> str:
+    """A model spec as a person names it: ``gguf:default`` -> ``SmolLM2-135M-Instruct``,
+    ``gguf:/m/x.gguf`` -> ``x``, ``hf:org/name`` -> ``name``, ``arch:llama-2-7b`` ->
+    ``llama-2-7b (random)``; anything else as given."""
+    kind, _, rest = spec.partition(":")
+    if spec == "gguf:default":
+        return DEFAULT_MODEL_NAME
+    if kind == "gguf" and rest:
+        return Path(rest).stem
+    if kind == "hf" and rest:
+        return rest.rstrip("/").rsplit("/", 1)[-1]
+    if kind == "arch" and rest:
+        return f"{Path(rest).stem if rest.endswith('.json') else rest} (random)"
+    return spec
+
+
+def target_label(
+    base_url: str | None, endpoint_model: str | None, engine: str, server_model: str
+) -> list[str]:
+    """What a remote stage talks to, for a run name: the embedded engine and its model, or the
+    remote endpoint's host and model name."""
+    if base_url:
+        from urllib.parse import urlparse
+
+        return [urlparse(base_url).netloc or base_url, endpoint_model or "?"]
+    return [_ENGINE_LABELS.get(engine, engine), model_label(server_model)]
+
+
+def run_title(flow_name: str, what: Sequence[str]) -> str:
+    """A parent run's MLflow name: the flow, what it measured, and when it started (local time,
+    minutes): ``audit llama.cpp SmolLM2-135M-Instruct 2026-11-30 10:06``."""
+    return " ".join([flow_name, *what, time.strftime("%Y-%m-%d %H:%M")])

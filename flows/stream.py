@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, parent_run, target_label
 from tasks.config import StreamFlowConfig
 
 # tasks.pipeline (torch, openai, matplotlib) is imported inside the body, so that loading this
@@ -30,8 +30,10 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
     }
+    endpoint, server = config.endpoint, config.server
+    what = target_label(endpoint.base_url, endpoint.model, server.engine, server.model)
     with parent_run(
-        "stream", config.name, config.model_dump(mode="json"), config.tracking, track, tags
+        "stream", config.name, config.model_dump(mode="json"), config.tracking, track, tags, what=what
     ) as run:
         result: dict = {"levels": [], "headline": {}, "error": None}
         kind = None
@@ -46,7 +48,10 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
             logger.error("stream failed: %s", result["error"])
         stages = {"stream": {"levels": result["levels"], "headline": result["headline"]}}
         summary = report.summary_markdown(
-            stages if result["levels"] else {}, {"stream": result["error"]} if result["error"] else {}, kind
+            stages if result["levels"] else {},
+            {"stream": result["error"]} if result["error"] else {},
+            kind,
+            title="infermeter stream",
         )
         run.finish(result["headline"], summary, result["error"])
     return {**result, **run.links()}

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, model_label, parent_run, target_label
 from tasks.config import SweepFlowConfig
 
 
 def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
-    """The flow's body: ``{"points", "headline", "error", "mlflow_run_id", "workdir",
-    "ui_command"}`` (``error`` None, or why the stage failed)."""
+    """The flow's body: ``{"points", "headline", "distribution", "error", "mlflow_run_id",
+    "workdir", "ui_command"}`` (``error`` None, or why the stage failed; ``distribution`` the
+    sampler's view rows of a local sweep, else None)."""
     # imported here, not at the top: they pull in torch and transformers, which
     # `infermeter --help` does not need
     from tasks.endpoint import open_endpoint
@@ -30,8 +31,14 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
         "model": config.sweep.local_model if local else config.server.model,
         "endpoint": "local" if local else (config.endpoint.base_url or "embedded"),
     }
+    endpoint, server = config.endpoint, config.server
+    what = (
+        ["local", model_label(config.sweep.local_model)]
+        if local
+        else target_label(endpoint.base_url, endpoint.model, server.engine, server.model)
+    )
     with parent_run(
-        "sweep", config.name, config.model_dump(mode="json"), config.tracking, track, tags
+        "sweep", config.name, config.model_dump(mode="json"), config.tracking, track, tags, what=what
     ) as run:
         common = {**run.stage_args(), "resume": config.resume}
         result, error, kind = None, None, None
@@ -46,11 +53,14 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
         except Exception as exc:  # the stage run records the traceback; the parent the cause
             error = f"{type(exc).__name__}: {exc}"
         stages = {"sweep": result} if result else {}
-        summary = report.summary_markdown(stages, {"sweep": error} if error else {}, kind)
+        summary = report.summary_markdown(
+            stages, {"sweep": error} if error else {}, kind, title="infermeter sweep"
+        )
         run.finish((result or {}).get("headline", {}), summary, error)
     return {
         "points": (result or {}).get("points", []),
         "headline": (result or {}).get("headline", {}),
+        "distribution": (result or {}).get("distribution"),  # the sampler's view; None when off
         "error": error,
         **run.links(),
     }

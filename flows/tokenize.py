@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prefect import flow
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, model_label, parent_run
 from tasks.config import TokenizeFlowConfig
 
 
@@ -27,6 +27,7 @@ def run_tokenize(config: TokenizeFlowConfig, track: bool = True) -> dict:
         config.tracking,
         track,
         {"model": config.model},
+        what=[model_label(config.model)],
     ) as run:
         try:
             result = tokenize_stage(config.tokenize, config.model, **run.stage_args())

@@ -347,22 +347,34 @@ def background_server(
     """Run ``command`` as a server for the ``with`` block: in its own session (so a Ctrl-C
     at the terminal reaches only us, and we stop it after our own clean-up), output to
     ``log_path``, ready once ``health_url`` answers 200; stopped with its whole process tree.
+    It runs under :mod:`tasks.lifeline`, which stops it too when this process dies in any way
+    (SIGKILL included) before it could.
 
     Raises:
         ServerStartError: it exited early or did not answer in ``startup_timeout_s`` (the
             message names it and ends with its log's last lines).
     """
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            command,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            start_new_session=True,
-        )
+    # the lifeline: the server's watcher reads `watch` to EOF, which comes when `hold` closes,
+    # also when this process is killed outright (SIGKILL), and then stops the server's group
+    watch, hold = os.pipe()  # both close-on-exec: spawned children never hold `hold`
+    try:
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tasks.lifeline", str(watch), *command],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                start_new_session=True,
+                pass_fds=(watch,),
+            )
+    finally:
+        os.close(watch)
     try:
         _wait_healthy(name, health_url, api_key, proc, startup_timeout_s, log_path, timeout_hint)
         yield proc
     finally:
-        _stop(proc)
+        try:
+            _stop(proc)
+        finally:
+            os.close(hold)

@@ -13,7 +13,8 @@ Pure standard library. Definitions (DESIGN.md, "Metric definitions"):
   calls this per-request figure "inter token latency").
 - ``output_tokens_per_s``: output tokens of the successful requests / wall time of the whole
   level (vLLM ``output_throughput``); ``requests_per_s``: successful requests / wall time
-  (vLLM ``request_throughput``).
+  (vLLM ``request_throughput``); ``total_tokens_per_s``: input + output tokens of the
+  successful requests / wall time (vLLM ``total_token_throughput``).
 - Goodput: requests per second that met every SLO given (vLLM ``--goodput``, from DistServe,
   Zhong et al. 2024): a request is good when it succeeded and each named metric is
   ``<= limit``.
@@ -175,7 +176,9 @@ def aggregate_level(
     :data:`STAT_NAMES`); ``num_requests``, ``num_succeeded``, ``num_errors``, ``error_rate``
     (errors / requests), ``errors_<class>`` for each error class present;
     ``output_tokens_total`` (successful requests; None when a successful request has no
-    count), ``output_tokens_per_s``, ``requests_per_s`` (successful / wall_s); with SLOs,
+    count), ``output_tokens_per_s``, ``input_tokens_total`` (prompt tokens of the successful
+    requests; None when one has no count), ``total_tokens_per_s`` ((input + output tokens) /
+    wall_s), ``requests_per_s`` (successful / wall_s); with SLOs,
     ``goodput_requests_per_s`` (good / wall_s) and ``goodput_fraction`` (good / requests).
     """
     if goodput_slos:
@@ -202,6 +205,11 @@ def aggregate_level(
     total = None if any(c is None for c in counts) else int(sum(counts))
     out["output_tokens_total"] = total
     out["output_tokens_per_s"] = _per_second(total, wall_s)
+    inputs = [_field(r, "input_tokens") for r in ok]
+    input_total = None if not ok or any(c is None for c in inputs) else int(sum(inputs))
+    out["input_tokens_total"] = input_total
+    both = None if input_total is None or total is None else input_total + total
+    out["total_tokens_per_s"] = _per_second(both, wall_s)
     out["requests_per_s"] = _per_second(len(ok), wall_s)
 
     if goodput_slos:

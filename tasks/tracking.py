@@ -28,6 +28,12 @@ MAX_PARAM_CHARS = 6000
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 PARENT_TAG = "mlflow.parentRunId"
+#: The experiment tag the MLflow 3 UI reads to choose its view (its ``ExperimentKind`` enum in
+#: mlflow/server/js: ``genai_development`` opens Traces/Evaluations, ``custom_model_development``
+#: the classic runs table and metric charts); untagged experiments are guessed, and were guessed
+#: GenAI here. Set when this module creates an experiment, or finds one without it.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
 
 
 def default_tracking_uri() -> str:
@@ -49,14 +55,16 @@ def _artifact_root_for(uri: str) -> str | None:
 
 
 def canonical_param(value: Any) -> str:
-    """One string form per value, so a resume never re-logs "7" as "7.0"."""
+    """One string form per value, so a resume never re-logs "7" as "7.0". Lists and dicts as
+    one-line JSON with a space after each comma (``[1, 4]``: how a person writes it, and what
+    the MLflow UI's params table shows without unfolding it)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
         return "null"
     if isinstance(value, (int, float, str)):
         return str(value)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(",", ":"))
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
 
 
 def flatten_params(data: Mapping[str, Any], prefix: str = "", max_chars: int = 250) -> dict[str, str]:
@@ -141,26 +149,40 @@ class Tracker:
             found = self._client.get_experiment_by_name(experiment)
             if found is None:
                 self._experiment_id = self._client.create_experiment(
-                    experiment, artifact_location=_artifact_root_for(self.tracking_uri)
+                    experiment,
+                    artifact_location=_artifact_root_for(self.tracking_uri),
+                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
                 )
             else:
                 self._experiment_id = found.experiment_id
+                if EXPERIMENT_KIND_TAG not in found.tags:  # made before; a user's choice stays
+                    self._client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
     def start_run(
-        self, name: str, parent_run_id: str | None = None, tags: Mapping[str, Any] | None = None
+        self,
+        name: str,
+        parent_run_id: str | None = None,
+        tags: Mapping[str, Any] | None = None,
+        start_time_ms: int | None = None,
     ) -> str | None:
-        """Create a run (nested under ``parent_run_id`` when given) and return its id."""
+        """Create a run (nested under ``parent_run_id`` when given) and return its id.
+        ``start_time_ms`` (Unix ms): when what it records began, for a run logged afterwards
+        (a load level); default now."""
         if not self.enabled:
             return None
         all_tags = {key: str(value) for key, value in (tags or {}).items()}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = self._client.create_run(self._experiment_id, run_name=name, tags=all_tags)
+        run = self._client.create_run(
+            self._experiment_id, start_time=start_time_ms, run_name=name, tags=all_tags
+        )
         return run.info.run_id
 
-    def end_run(self, run_id: str | None, status: str = "FINISHED") -> None:
+    def end_run(self, run_id: str | None, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
+        """End the run; ``end_time_ms`` (Unix ms) when what it records ended earlier (default now):
+        MLflow's Duration column is end - start."""
         if self.enabled and run_id:
-            self._client.set_terminated(run_id, status=status)
+            self._client.set_terminated(run_id, status=status, end_time=end_time_ms)
 
     def log_params(self, run_id: str | None, params: Mapping[str, str]) -> None:
         if not (self.enabled and run_id and params):
@@ -182,18 +204,28 @@ class Tracker:
         for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
             self._client.log_batch(run_id, metrics=batch, synchronous=True)
 
-    def log_metric_series(self, run_id: str | None, key: str, values: Iterable[float]) -> None:
-        """One metric with a step per value (e.g. decode_ms per decode step)."""
+    def log_metric_series(
+        self, run_id: str | None, key: str, values: Iterable[float], durations: bool = False
+    ) -> None:
+        """One metric with a step per value (e.g. decode_ms per decode step).
+
+        ``durations``: the values are consecutive durations in ms (decode steps): step i is
+        stamped with the wall time it ended, counting back from now by the durations after it,
+        so MLflow's relative/wall-time axis spaces the steps as they ran instead of stacking
+        them on one instant (mlflow#8182). Otherwise every step is stamped now."""
         if not (self.enabled and run_id):
             return
         from mlflow.entities import Metric
 
-        now_ms = int(time.time() * 1000)
-        entries = [
-            Metric(key, float(v), now_ms, step)
-            for step, v in enumerate(values)
-            if v is not None and math.isfinite(v)
-        ]
+        now_ms = time.time() * 1000
+        kept = [(step, float(v)) for step, v in enumerate(values) if v is not None and math.isfinite(v)]
+        stamps = [now_ms] * len(kept)
+        if durations:
+            remaining = sum(v for _, v in kept)
+            for i, (_, v) in enumerate(kept):
+                remaining -= v
+                stamps[i] = now_ms - remaining
+        entries = [Metric(key, v, int(round(stamp)), step) for (step, v), stamp in zip(kept, stamps)]
         for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
             self._client.log_batch(run_id, metrics=batch, synchronous=True)
 

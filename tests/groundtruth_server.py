@@ -6,6 +6,13 @@ scenario (see :data:`SCENARIOS`); every scenario is a list of steps: ``("sleep",
 ``("data", obj_or_str)`` (an SSE ``data:`` line), ``("raw", str)`` (raw SSE text, e.g. a
 comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body)``.
 
+Every scenario is also served on ``POST /v1/completions`` with the same schedule, its chunks in
+the completions shape (``choices[].text``; :data:`COMPLETIONS_SCENARIOS`).
+
+Dynamic scenario ``load:N:BASE_MS:SLOPE_MS[:TTFT_MS]`` (a server that slows down with load, a
+known law): like ``ticks`` but each gap is BASE_MS + SLOPE_MS * (requests in flight - 1), read
+when the gap starts; :func:`load_law_rate` gives the rate at which a TPOT SLO breaks.
+
 Dynamic scenario ``ticks:N:GAP_MS[:TTFT_MS]`` (for load): a role chunk, then N one-word text
 chunks on absolute deadlines TTFT_MS (default GAP_MS), TTFT_MS + GAP_MS, ... after the request
 was read, then usage (N tokens) and ``[DONE]``. Every chunk the server writes is stamped with
@@ -73,6 +80,48 @@ def _usage(completion_tokens: int, prompt_tokens: int = 11) -> dict[str, Any]:
 
 def _error_body(message: str, kind: str, code: int) -> dict[str, Any]:
     return {"error": {"message": message, "type": kind, "code": code}}
+
+
+def _completion(content: str | None = None, *, finish: str | None = None, **_ignored: Any) -> dict[str, Any]:
+    """A ``/v1/completions`` stream chunk (vLLM / OpenAI shape: ``choices[].text``). A chat
+    chunk's role and reasoning fields have no counterpart: they become empty text."""
+    return {
+        "id": "cmpl-gt",
+        "object": "text_completion",
+        "created": 0,
+        "model": "gt",
+        "choices": [{"index": 0, "text": content or "", "logprobs": None, "finish_reason": finish}],
+    }
+
+
+def _split_steps(chunk: Any) -> list[tuple]:
+    """The "split" scenario for a chunk builder (chat or completions)."""
+    first = json.dumps(chunk("Hel"))
+    return [
+        ("data", chunk(role="assistant")),
+        ("sleep", 20),
+        ("raw", "data: " + first[:25]),
+        ("sleep", 40),
+        ("raw", first[25:] + "\r\n\r\n"),
+        ("sleep", 30),
+        ("raw", f"data: {json.dumps(chunk('lo'))}\n\ndata: {json.dumps(chunk(' world'))}\n\n"),
+        ("data", _usage(3)),
+        ("data", "[DONE]"),
+    ]
+
+
+def _as_completions(steps: list[tuple]) -> list[tuple]:
+    """A chat scenario replayed on ``/v1/completions``: the same schedule, each chat chunk
+    rewritten as a completions chunk (its ``content`` as ``text``); errors, usage, sleeps, cuts
+    and raw text stay as they are."""
+    out = []
+    for step in steps:
+        data = step[1] if step[0] == "data" else None
+        if isinstance(data, dict) and data.get("object") == "chat.completion.chunk" and data["choices"]:
+            choice = data["choices"][0]
+            step = ("data", _completion(choice["delta"].get("content"), finish=choice["finish_reason"]))
+        out.append(step)
+    return out
 
 
 #: Ground truth of the "schedule" scenario (client-side expectations in ms).
@@ -221,17 +270,7 @@ SCENARIOS: dict[str, list[tuple]] = {
     # byte splits: an event cut mid-JSON across two network writes 40 ms apart (the token
     # arrives when the event completes, at 60 ms), CRLF line ends, and two events in one write
     # (the second gap is 0: they arrive together).
-    "split": [
-        ("data", _chunk(role="assistant")),
-        ("sleep", 20),
-        ("raw", "data: " + json.dumps(_chunk("Hel"))[:25]),
-        ("sleep", 40),
-        ("raw", json.dumps(_chunk("Hel"))[25:] + "\r\n\r\n"),
-        ("sleep", 30),
-        ("raw", f"data: {json.dumps(_chunk('lo'))}\n\ndata: {json.dumps(_chunk(' world'))}\n\n"),
-        ("data", _usage(3)),
-        ("data", "[DONE]"),
-    ],
+    "split": _split_steps(lambda text=None, **kw: _chunk(text, **kw)),
     # for concurrency: each request holds the server ~150 ms
     "hold": [
         ("data", _chunk(role="assistant")),
@@ -246,6 +285,13 @@ SCENARIOS: dict[str, list[tuple]] = {
     ],
 }
 
+#: The same scenarios on ``/v1/completions`` (``choices[].text``); the reasoning ones have no
+#: completions counterpart (that endpoint has no reasoning field).
+COMPLETIONS_SCENARIOS: dict[str, list[tuple]] = {
+    name: _as_completions(steps) for name, steps in SCENARIOS.items() if not name.startswith("reasoning")
+}
+COMPLETIONS_SCENARIOS["split"] = _split_steps(_completion)
+
 
 # The server ---------------------------------------------------------------------------------
 
@@ -258,6 +304,7 @@ class _State:
         self.requests: list[dict[str, Any]] = []
         self.stamps: dict[str, dict[str, Any]] = {}
         self.ttft_s_sum = 0.0  # server side: request read -> first text chunk written
+        self.cached_prompts: set[str] = set()  # the "prompt_cache" scenario's cache
         self.ttft_count = 0
         self.text_chunks = 0
 
@@ -375,6 +422,25 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _Stat
     return True
 
 
+#: The "prompt_cache" scenario's texts: what a greedy request returns the first time the server
+#: sees a prompt (a cold prefill) and every later time (the prompt reused from its cache).
+PROMPT_CACHE_TEXT = {"cold": "The sea is wide.", "warm": "The sea is deep."}
+
+
+def _prompt_cache_steps(warm: bool) -> list[tuple]:
+    """``prompt_cache``: as llama.cpp with its prompt cache, per prompt: the first request is
+    slow (cold prefill, 150 ms to the first token) and says PROMPT_CACHE_TEXT["cold"]; later
+    ones are fast (30 ms) and say PROMPT_CACHE_TEXT["warm"], whatever the seed."""
+    words = PROMPT_CACHE_TEXT["warm" if warm else "cold"].split(" ")
+    return [
+        ("data", _chunk(role="assistant", content="")),
+        ("sleep", 30 if warm else 150),
+        *[("data", _chunk(w if i == 0 else f" {w}")) for i, w in enumerate(words)],
+        ("data", _usage(len(words))),
+        ("data", "[DONE]"),
+    ]
+
+
 def _rendezvous(model: str) -> list[tuple] | None:
     """``rendezvous:N``: wait up to 1 s until N requests are in flight, then hold ~150 ms. A
     loaded machine that starts one slot late still overlaps N slots; fewer slots never can."""
@@ -384,25 +450,54 @@ def _rendezvous(model: str) -> list[tuple] | None:
     return [("until_in_flight", int(parts[1]), 1000), *SCENARIOS["hold"]]
 
 
-def _ticks(model: str) -> tuple[int, float, float] | None:
-    """``ticks:N:GAP_MS[:TTFT_MS]`` -> (N, gap_s, ttft_s), else None."""
+def _ticks(model: str) -> tuple[int, float, float, float] | None:
+    """``ticks:N:GAP_MS[:TTFT_MS]`` -> (N, gap_s, ttft_s, 0.0); ``load:N:BASE_MS:SLOPE_MS[:TTFT_MS]``
+    -> (N, base_s, ttft_s, slope_s) (TTFT default BASE_MS); else None."""
     parts = model.split(":")
-    if parts[0] != "ticks" or len(parts) not in (3, 4):
-        return None
-    n, gap = int(parts[1]), float(parts[2])
-    ttft = float(parts[3]) if len(parts) == 4 else gap
-    return n, gap / 1000.0, ttft / 1000.0
+    if parts[0] == "ticks" and len(parts) in (3, 4):
+        n, gap = int(parts[1]), float(parts[2])
+        return n, gap / 1000.0, (float(parts[3]) if len(parts) == 4 else gap) / 1000.0, 0.0
+    if parts[0] == "load" and len(parts) in (4, 5):
+        n, base, slope = int(parts[1]), float(parts[2]), float(parts[3])
+        return n, base / 1000.0, (float(parts[4]) if len(parts) == 5 else base) / 1000.0, slope / 1000.0
+    return None
 
 
-_TICK_ROLE = f"data: {json.dumps(_chunk(role='assistant', content=''))}\n\n".encode()
-_TICK_TEXT = [f"data: {json.dumps(_chunk(f' w{i}'))}\n\n".encode() for i in range(4096)]
+def load_law_rate(n: int, base_ms: float, slope_ms: float, ttft_ms: float, tpot_slo_ms: float) -> float:
+    """The request rate (req/s) at which the ``load`` scenario's TPOT reaches ``tpot_slo_ms``.
+
+    Each gap is ``base + slope * (k - 1)`` with k requests in flight, so TPOT = base + slope *
+    (L - 1) at a steady L in flight, which meets the SLO up to L* = 1 + (SLO - base) / slope.
+    A request then lasts D* = TTFT + (n - 1) * SLO, and Little's law (L = rate * D) gives the
+    rate L* / D*. (Steady arrivals; ramp-up and ramp-down requests see fewer in flight.)
+    """
+    in_flight = 1 + (tpot_slo_ms - base_ms) / slope_ms
+    return in_flight / ((ttft_ms + (n - 1) * tpot_slo_ms) / 1000.0)
+
+
+def _tick_bytes(chunk: Any) -> tuple[bytes, list[bytes]]:
+    return (
+        f"data: {json.dumps(chunk(role='assistant', content=''))}\n\n".encode(),
+        [f"data: {json.dumps(chunk(f' w{i}'))}\n\n".encode() for i in range(4096)],
+    )
+
+
+_TICK_ROLE, _TICK_TEXT = _tick_bytes(_chunk)
+_TICK_BYTES = {"chat": (_TICK_ROLE, _TICK_TEXT), "completions": _tick_bytes(_completion)}
 
 
 async def _stream_ticks(
-    writer: asyncio.StreamWriter, spec: tuple[int, float, float], stamps: list[int]
+    writer: asyncio.StreamWriter,
+    spec: tuple[int, float, float, float],
+    stamps: list[int],
+    state: _State | None = None,
+    api: str = "chat",
 ) -> None:
-    """Play a ticks scenario on absolute deadlines; append each text chunk's send stamp."""
-    n, gap_s, ttft_s = spec
+    """Play a ticks scenario on absolute deadlines; append each text chunk's send stamp. With a
+    slope (``load``), each gap is base + slope * (requests in flight - 1), read when the gap
+    starts."""
+    n, gap_s, ttft_s, slope_s = spec
+    role, texts = _TICK_BYTES[api]
     loop = asyncio.get_running_loop()
     start = loop.time()
     writer.write(
@@ -415,14 +510,17 @@ async def _stream_ticks(
                 "Transfer-Encoding": "chunked",
             },
         )
-        + _http_chunk(_TICK_ROLE)
+        + _http_chunk(role)
     )
     perf = time.perf_counter_ns
+    due = start + ttft_s
     for i in range(n):
-        delay = start + ttft_s + i * gap_s - loop.time()
+        if i:
+            due += gap_s + (slope_s * (state.in_flight - 1) if slope_s and state is not None else 0.0)
+        delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        data = _http_chunk(_TICK_TEXT[i % len(_TICK_TEXT)])
+        data = _http_chunk(texts[i % len(texts)])
         stamps.append(perf())
         writer.write(data)
     tail = (f"data: {json.dumps(_usage(n))}\n\n" + "data: [DONE]\n\n").encode()
@@ -462,28 +560,39 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             if method == "GET" and path.startswith("/stamps"):
                 await _send_json(writer, 200, state.stamps)
                 continue
-            if not path.endswith("/chat/completions"):
+            if not path.endswith("/completions"):
                 await _send_json(writer, 404, _error_body(f"no route {path}", "not_found", 404))
                 continue
+            api = "chat" if path.endswith("/chat/completions") else "completions"
 
             recv_ns = time.perf_counter_ns()
             request = json.loads(body or b"{}")
             request["_authorization"] = headers.get("authorization")
+            request["_path"] = path
             state.requests.append(request)
             ticks = _ticks(str(request.get("model", "")))
             if ticks is not None:
                 text_sent: list[int] = []
-                key = str((request.get("messages") or [{}])[0].get("content"))
+                if api == "chat":
+                    key = str((request.get("messages") or [{}])[0].get("content"))
+                else:
+                    key = str(request.get("prompt"))
                 state.stamps[key] = {"recv_ns": recv_ns, "text_sent_ns": text_sent}
                 with state.request_in_flight():
-                    await _stream_ticks(writer, ticks, text_sent)
+                    await _stream_ticks(writer, ticks, text_sent, state, api)
                 state.text_chunks += len(text_sent)
                 if text_sent:
                     state.ttft_s_sum += (text_sent[0] - recv_ns) / 1e9
                     state.ttft_count += 1
                 continue
             model = str(request.get("model", ""))
-            steps = SCENARIOS.get(model) or _rendezvous(model)
+            if model == "prompt_cache":  # llama.cpp's prompt cache: the first (cold) answer differs
+                prompt = str((request.get("messages") or [{}])[0].get("content"))
+                steps = _prompt_cache_steps(prompt in state.cached_prompts)
+                state.cached_prompts.add(prompt)
+            else:
+                scenarios = SCENARIOS if api == "chat" else COMPLETIONS_SCENARIOS
+                steps = scenarios.get(model) or _rendezvous(model)
             if steps is None:
                 await _send_json(
                     writer, 404, _error_body(f"unknown model {request.get('model')!r}", "not_found", 404)

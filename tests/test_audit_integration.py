@@ -66,7 +66,7 @@ def test_mlflow_tree(smoke_audit):
     tags = parent.data.tags
     assert tags["prefect_flow_run_id"] and tags["git_commit"] and tags["torch_version"]
     assert tags["endpoint_kind"] == "llama.cpp" and tags["endpoint_model_sha256"]
-    assert parent.data.params["stream.max_concurrency"] == "[1,2]"
+    assert parent.data.params["stream.max_concurrency"] == "[1, 2]"
     children = {c.data.tags["stage"]: c for c in _children(client, parent)}
     assert set(children) == STAGES
     assert all(c.info.status == "FINISHED" for c in children.values())

@@ -116,6 +116,7 @@ def test_names_and_orders_the_outputs_depend_on() -> None:
         "kv_cache_bytes",
         "kv_cache_bytes_formula",
         "peak_memory_bytes",
+        "decode_bandwidth_fraction",  # issue 12: the roofline's decode figure (None without it)
     )
     assert headline("stream") == (
         "ttft_ms_p50",

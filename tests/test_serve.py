@@ -126,10 +126,11 @@ def test_sweep_run_with_overridden_parameters_lands_in_mlflow(served):
     parents = client.search_runs([experiment.experiment_id], filter_string="tags.flow = 'sweep'")
     assert len(parents) == 1
     parent = parents[0]
-    assert parent.info.run_name == "served-sweep"
+    assert parent.data.tags["config_name"] == "served-sweep"
+    assert parent.info.run_name.startswith("sweep llama.cpp SmolLM2-135M-Instruct 20")
     assert parent.data.tags["prefect_flow_run_id"] == flow_run["id"]
     assert parent.data.params["sweep.samples"] == "2" and parent.data.params["sweep.seed"] == "7"
-    assert parent.data.params["sweep.top_p"] == "[1.0,0.5]"
+    assert parent.data.params["sweep.top_p"] == "[1.0, 0.5]"
     points = client.search_runs([experiment.experiment_id], filter_string="tags.stage = 'sweep_point'")
     assert sorted(p.data.params["top_p"] for p in points) == ["0.5", "1.0"]
     assert all(p.data.params["temperature"] == "0.0" for p in points)
@@ -187,7 +188,8 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
         tmp_path,
         SCREENSHOTS / "mlflow_experiment.png",
     )
-    assert "served-sweep" in dom
+    names = [r.info.run_name for r in client.search_runs([experiment.experiment_id], max_results=5)]
+    assert any(name in dom for name in names), names  # "sweep llama.cpp SmolLM2-... <time>"
 
     deployment = _api(api, "/deployments/name/sweep/sweep")
     ui = api.removesuffix("/api")

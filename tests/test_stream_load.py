@@ -13,9 +13,7 @@ import asyncio
 import json
 import math
 import os
-import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -604,6 +602,6 @@ def test_ctrl_c_keeps_the_records_and_exits_in_seconds(server, tmp_path) -> None
     assert "Interrupted" in text
     kept = read_jsonl(next((tmp_path / "w").glob("*-stream-*/requests.jsonl")))
     assert len(kept) >= len(journal) and all(r.succeeded and r.output_tokens == 50 for r in kept)
-    port = int(re.search(r"View at http://127\.0\.0\.1:(\d+)/", text).group(1))
-    with pytest.raises(ConnectionRefusedError):
-        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    # the temporary server is not linked ("View at" would point at a server gone by now);
+    # tests/test_run_states.py checks that it is gone
+    assert "View at" not in text

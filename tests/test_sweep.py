@@ -87,6 +87,7 @@ def test_point_outcome_to_dict_is_the_stage_entry():
                 "error_message": "slow",
             },
         ],
+        "warmup": None,
         "num_samples": 2,
         "num_samples_failed": 1,
         "identical_fraction": 1.0,
@@ -97,6 +98,7 @@ def test_point_outcome_to_dict_is_the_stage_entry():
         "ttft_ms_mean": 5.0,
         "e2e_ms_mean": 9.0,
         "determinism_violated": 0,
+        "determinism_note": None,
         "mlflow_run_id": "run-1",
     }
     # a resumed point: figures read back from MLflow (floats), counts as ints, missing as None

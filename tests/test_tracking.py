@@ -12,12 +12,12 @@ def test_canonical_param_forms():
     assert canonical_param(None) == "null"
     assert canonical_param(7) == "7"
     assert canonical_param(0.7) == "0.7"
-    assert canonical_param([1, 4]) == "[1,4]"
+    assert canonical_param([1, 4]) == "[1, 4]"
 
 
 def test_flatten_params_nests_and_leaves_long_lists_to_the_artifact():
     flat = flatten_params({"a": {"b": 1, "c": [1, 2]}, "prompts": ["x" * 300, "y"], "d": None})
-    assert flat == {"a.b": "1", "a.c": "[1,2]", "prompts.count": "2", "d": "null"}
+    assert flat == {"a.b": "1", "a.c": "[1, 2]", "prompts.count": "2", "d": "null"}
 
 
 def test_finite_metrics_drops_none_nan_inf_and_strings():

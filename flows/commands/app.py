@@ -3,9 +3,11 @@ embedded server, compare and serve (one module each under ``flows.commands``).""
 
 from __future__ import annotations
 
+import signal
+
 import typer
 
-from flows.commands import audit, compare, deploy, profile, server, stream, sweep, tokenize
+from flows.commands import audit, capacity, compare, deploy, profile, server, stream, sweep, tokenize
 
 app = typer.Typer(
     name="infermeter",
@@ -23,10 +25,21 @@ app.command("stream")(stream.command)
 app.command("profile")(profile.command)
 app.command("tokenize")(tokenize.command)
 app.command("sweep")(sweep.command)
+app.command("capacity")(capacity.command)
+
+
+def _terminate(signum, frame):
+    """SIGTERM as Ctrl-C: every ``with`` block unwinds, so the MLflow runs end KILLED and the
+    servers the command started are stopped (Prefect swaps in its own handler while a flow
+    runs, and re-sends the signal to this one when the flow has been marked crashed)."""
+    raise KeyboardInterrupt
 
 
 def main() -> None:
-    app()
+    from flows.commands.helptext import show_config_defaults
+
+    signal.signal(signal.SIGTERM, _terminate)
+    show_config_defaults(typer.main.get_command(app))(prog_name="infermeter")
 
 
 if __name__ == "__main__":

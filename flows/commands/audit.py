@@ -13,6 +13,7 @@ from flows.commands.common import (
     NoTrackOption,
     apply_overrides,
     check_embedded_engine,
+    check_remote_endpoint,
     fail_input,
     load_or_fail,
     preflight,
@@ -34,6 +35,13 @@ def command(
         Optional[bool],
         typer.Option("--fail-on-regression/--no-fail-on-regression", help="Exit 1 on a regression."),
     ] = None,
+    force_baseline: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--force-baseline/--no-force-baseline",
+            help="Judge even against a baseline whose workload differs (default: 'incomparable').",
+        ),
+    ] = None,
 ) -> None:
     """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
     cfg = load_or_fail(config, AuditConfig)
@@ -43,11 +51,13 @@ def command(
         {
             "baseline_run_id": baseline,
             "fail_on_regression": fail_on_regression,
+            "force_baseline": force_baseline,
         },
     )
     preflight(track=not no_track)
     if cfg.stream.enabled or cfg.sweep.enabled:
         check_embedded_engine(cfg)
+        check_remote_endpoint(cfg)
     if cfg.regression.baseline_run_id and not no_track:
         from tasks.tracking import Tracker
 
@@ -75,14 +85,35 @@ def command(
             "model; later audits compare with it)"
         )
     if verdict:
-        console.print(
-            f"Regression verdict ({verdict['baseline']}): "
-            f"{'REGRESSION' if verdict['regressed'] else 'no regression'}",
-            highlight=False,
-        )
+        print_verdict(verdict)
     if result["errors"]:
         for stage, message in result["errors"].items():
             err_console.print(f"stage {stage} failed: {message}", markup=False)
         raise typer.Exit(1)
     if state.is_failed():  # fail_on_regression
         raise typer.Exit(1)
+
+
+def print_verdict(verdict: dict) -> None:
+    """The regression line(s): the verdict, the metrics that regressed, the baseline runs; for
+    an incomparable baseline the fields that differ."""
+    ids = ", ".join(verdict.get("baseline_run_ids") or [])
+    if verdict.get("status") == "incomparable":
+        fields = "; ".join(
+            f"{d['field']} {d['current']} vs {d['baseline']}" for d in verdict.get("incomparable", [])
+        )
+        console.print(
+            f"Regression verdict: incomparable (no verdict; the baseline's workload differs: {fields}; "
+            "--force-baseline judges anyway)",
+            highlight=False,
+        )
+    else:
+        regressed = ", ".join(
+            f"{row['metric']} ({row['change_pct']:+.1f} %)" for row in verdict["rows"] if row["regressed"]
+        )
+        console.print(
+            f"Regression verdict ({verdict['baseline']}): "
+            + (f"REGRESSION in {regressed}" if verdict["regressed"] else "no regression"),
+            highlight=False,
+        )
+    console.print(f"Baseline runs: {ids}", highlight=False)

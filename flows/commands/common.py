@@ -81,21 +81,27 @@ def load_or_fail(path: Path | None, model: type[BaseModel]) -> Any:
         fail_input(str(exc))
 
 
-def apply_overrides(config: BaseModel, section: str | None, overrides: dict[str, Any]) -> BaseModel:
+def apply_overrides(
+    config: BaseModel, section: str | None, overrides: dict[str, Any], flags: dict[str, str] | None = None
+) -> BaseModel:
     """Return a validated copy of `config` with CLI values set (None values are left alone).
 
     `section` names the nested model the overrides go into (e.g. "stream"); None = top level.
-    Exits 2 naming the option's field when a value is invalid.
+    An invalid value exits 2 naming the flag the user typed (``--num-requests``: the field name
+    with dashes, or ``flags[field]`` where the flag is spelt otherwise), not the config path.
     """
     data = config.model_dump()
     target = data[section] if section else data
+    names: dict[tuple, str] = {}
     for key, value in overrides.items():
         if value is not None:
             target[key] = value
+            flag = (flags or {}).get(key, "--" + key.replace("_", "-"))
+            names[(section, key) if section else (key,)] = flag
     try:
         return type(config).model_validate(data)
     except ValidationError as exc:
-        fail_input(describe_validation_error(exc, "option"))
+        fail_input(describe_validation_error(exc, "option", type(config), names))
 
 
 def check_embedded_engine(config: BaseModel) -> None:
@@ -110,6 +116,38 @@ def check_embedded_engine(config: BaseModel) -> None:
         check_engine(config.server.engine)
     except ServerStartError as exc:
         fail_input(str(exc))
+
+
+#: How the stream and sweep commands' flags name the endpoint settings.
+ENDPOINT_FLAGS = {
+    "base_url": "--base-url",
+    "model": "--model",
+    "api_key_env": "--api-key-env",
+    "tokenizer": "--tokenizer",
+}
+
+
+def check_remote_endpoint(config: BaseModel, flags: dict[str, str] | None = None) -> None:
+    """Pre-flight of a configured remote endpoint (``tasks.preflight``): one request before
+    the first level; a wrong URL path (no ``/v1``), a refused key or a model the server does
+    not serve exits 2 with one line naming the setting as ``flags`` spell it (default:
+    ``endpoint.<field>``, the config's name) and the fix. The embedded server is not checked
+    (this process starts it)."""
+    import os
+
+    from tasks.preflight import PreflightError, check_endpoint, check_hf_source
+
+    endpoint = config.endpoint
+    names = flags or {}
+    try:
+        if endpoint.tokenizer:
+            check_hf_source(endpoint.tokenizer, "tokenizer")
+        if endpoint.base_url and endpoint.model:
+            key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
+            key = os.environ.get(key_env) if key_env else None
+            check_endpoint(endpoint.base_url, endpoint.model, key, key_env)
+    except PreflightError as exc:
+        fail_input(f"{names.get(exc.setting, f'endpoint.{exc.setting}')}: {exc.message}")
 
 
 def preflight(track: bool) -> None:
@@ -150,18 +188,24 @@ def run_flow(
 
     Raises:
         typer.Exit: 1 when the flow crashed before producing a result (the cause goes to
-            stderr); 130 after a Ctrl-C, once the run is marked as interrupted (what finished
-            is kept: the records folder is named in the log above).
+            stderr); 130 after a Ctrl-C or SIGTERM, once the runs are marked as interrupted
+            (what finished is kept: the message names the records folder).
     """
+    from prefect.exceptions import TerminationSignal
+
     from flows.commands.prefect_api import prefect_api
+    from flows.runs import latest_workdir
 
     try:
         with prefect_api():
             state = flow(*args, return_state=True, **kwargs)
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or SIGTERM (flows.commands.app)
+        workdir = latest_workdir()
+        where = f"in {workdir}" if workdir else "(no records folder was made yet)"
         console.print(
-            "[yellow]Interrupted[/]: the requests and points that finished are kept "
-            "(the run's records folder is named above)"
+            f"[yellow]Interrupted[/]: the MLflow runs are marked KILLED; the requests and points "
+            f"that finished are kept {where}",
+            highlight=False,
         )
         raise typer.Exit(130) from None
     result = state.result(raise_on_failure=False)

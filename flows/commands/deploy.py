@@ -1,7 +1,7 @@
 """`infermeter serve`: deployments for every flow, served against the Prefect API.
 
 Each flow takes one pydantic config model (AuditConfig, StreamFlowConfig, ProfileFlowConfig,
-SweepFlowConfig, TokenizeFlowConfig), so the Prefect UI renders a typed form with the defaults
+SweepFlowConfig, TokenizeFlowConfig, CapacityFlowConfig), so the Prefect UI renders a typed form with the defaults
 and descriptions of tasks/config; a run launched from the UI, from
 `prefect deployment run NAME --param ...` or from the REST API lands in MLflow with exactly the
 parameters it was given. The audit deployment takes the config's `schedule_cron` (off by
@@ -31,6 +31,7 @@ FLOWS = (
     ("flows.profile", "profile", "profile"),
     ("flows.sweep", "sweep", "sweep"),
     ("flows.tokenize", "tokenize", "tokenize"),
+    ("flows.capacity", "capacity", "capacity"),
 )
 
 
@@ -50,9 +51,26 @@ def available_flows() -> list[tuple[str, object]]:
     return found
 
 
-def build_deployments(audit_config: AuditConfig, cron: str | None) -> list:
-    """Deployment objects: the audit with the given config as its defaults (and schedule),
-    the others with their flows' own defaults."""
+def machine_timezone() -> str:
+    """The machine's IANA time zone name (``TZ``, else the /etc/localtime link, else
+    /etc/timezone); ``UTC`` when none says."""
+    if os.environ.get("TZ", "").strip(":"):
+        return os.environ["TZ"].strip(":")
+    try:
+        return os.path.realpath("/etc/localtime").split("zoneinfo/", 1)[1]
+    except (IndexError, OSError):
+        pass
+    try:
+        return Path("/etc/timezone").read_text(encoding="utf-8").strip() or "UTC"
+    except OSError:
+        return "UTC"
+
+
+def build_deployments(audit_config: AuditConfig, cron: str | None, timezone: str = "UTC") -> list:
+    """Deployment objects: the audit with the given config as its defaults (and schedule: the
+    cron string read in ``timezone``, an IANA name; Prefect would otherwise assume UTC), the
+    others with their flows' own defaults."""
+    from prefect.schedules import Cron
     from prefect.types.entrypoint import EntrypointType
 
     deployments = []
@@ -64,7 +82,7 @@ def build_deployments(audit_config: AuditConfig, cron: str | None) -> list:
         if name == "audit":
             kwargs["parameters"] = {"config": audit_config.model_dump(mode="json")}
             if cron:
-                kwargs["cron"] = cron
+                kwargs["schedule"] = Cron(cron, timezone=timezone)
         deployments.append(flow.to_deployment(**kwargs))
     return deployments
 
@@ -77,6 +95,10 @@ def command(
         Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")
     ] = None,
     limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
+    timezone: Annotated[
+        Optional[str],
+        typer.Option(help="IANA time zone the --cron schedule is read in. [default: the machine's]"),
+    ] = None,
 ) -> None:
     """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""
     from prefect import serve
@@ -92,5 +114,12 @@ def command(
             cfg = AuditConfig.model_validate({**cfg.model_dump(), "schedule_cron": cron})
         except Exception:
             fail_input(f"--cron: {cron!r} is not a cron string; e.g. '0 3 * * *' for 03:00 daily")
+    zone = timezone or machine_timezone()
+    try:
+        from zoneinfo import ZoneInfo
+
+        ZoneInfo(zone)
+    except (ValueError, KeyError, OSError):
+        fail_input(f"--timezone: {zone!r} is not an IANA time zone name; e.g. Europe/Paris or UTC")
     preflight(track=True)
-    serve(*build_deployments(cfg, cfg.schedule_cron), limit=limit)
+    serve(*build_deployments(cfg, cfg.schedule_cron, zone), limit=limit)

@@ -37,6 +37,7 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     from prefect.settings import (
         PREFECT_API_URL,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        PREFECT_UI_URL,
         get_current_settings,
         temporary_settings,
     )
@@ -90,7 +91,9 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         log_path=log_path,
         timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
     ):
-        with temporary_settings(updates={PREFECT_API_URL: url}):
+        # no UI URL: Prefect would log "View at http://127.0.0.1:PORT/runs/..." for a server
+        # (without a UI) that is gone when the command ends; a lasting PREFECT_API_URL keeps it
+        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
             try:
                 yield url
             finally:

@@ -59,6 +59,17 @@ def check_input(cfg: ProfileFlowConfig) -> None:
         fail_input(str(exc))
 
 
+def check_breakdown(cfg: ProfileFlowConfig) -> None:
+    """--breakdown needs decoder layers it can find: checked on the model built on the meta
+    device (no weights); exit 2 with the one line naming what it looked for."""
+    from tasks.profile.breakdown import DecoderLayersNotFound, check_decoder_layers
+
+    try:
+        check_decoder_layers(cfg.profile.model, cfg.profile.num_layers)
+    except DecoderLayersNotFound as exc:
+        fail_input(str(exc))
+
+
 def command(
     model: Annotated[
         Optional[str],
@@ -89,6 +100,13 @@ def command(
     config: Annotated[
         Optional[Path], typer.Option(help="YAML config (audit-shaped; its profile/tracking parts).")
     ] = None,
+    breakdown: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--breakdown/--no-breakdown",
+            help="Per-part time of one profiled prefill and decode steps (torch.profiler, apart from the timed repeats) and the roofline.",
+        ),
+    ] = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -110,10 +128,13 @@ def command(
             "repeats": repeats,
             "warmup": warmup,
             "num_layers": num_layers,
+            "breakdown": breakdown,
             "enabled": True,
         },
     )
     check_input(cfg)
+    if cfg.profile.breakdown:
+        check_breakdown(cfg)
 
     from flows.profile import profile
 
@@ -128,6 +149,10 @@ def command(
     )
     if result["points"]:
         print_points(result["points"])
+        if cfg.profile.breakdown:
+            from flows.commands.breakdown_tables import print_analysis
+
+            print_analysis(result["points"])
     print_run_links(result)
     failed = [p for p in result["points"] if p["failed"]]
     for point in failed:

@@ -17,10 +17,12 @@ from typing import Annotated, Optional
 import typer
 
 from flows.commands.common import (
+    ENDPOINT_FLAGS,
     JsonOption,
     NoTrackOption,
     apply_overrides,
     check_embedded_engine,
+    check_remote_endpoint,
     fail_input,
     load_or_fail,
     parse_list,
@@ -29,6 +31,7 @@ from flows.commands.common import (
     run_flow,
 )
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
+from flows.commands.workload import check_dataset
 from tasks.config import AuditConfig, StreamFlowConfig
 
 
@@ -53,9 +56,9 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
 def _check_endpoint(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
     named key variable that is not set (its value is never printed), a tokenizer spec that does
-    not resolve, a base_url where nothing
-    accepts a TCP connection (refused, or no answer in 5 s: a run would only log one
-    connection error per request)."""
+    not resolve or (hf:) is neither cached nor reachable, and the endpoint's pre-flight
+    (``flows.commands.common.check_remote_endpoint``): nothing accepts a TCP connection, a base
+    URL without /v1, a refused key, a model the server does not serve."""
     endpoint = cfg.endpoint
     if endpoint.base_url:
         if not endpoint.base_url.startswith(("http://", "https://")):
@@ -74,29 +77,7 @@ def _check_endpoint(cfg: StreamFlowConfig) -> None:
             resolve(endpoint.tokenizer)
         except ModelSourceError as exc:
             fail_input(f"--tokenizer: {exc}")
-    if endpoint.base_url:
-        _check_reachable(endpoint.base_url)
-
-
-def _check_reachable(base_url: str) -> None:
-    import socket
-    from urllib.parse import urlsplit
-
-    url = urlsplit(base_url)
-    port = url.port or (443 if url.scheme == "https" else 80)
-    try:
-        socket.create_connection((url.hostname, port), timeout=5).close()
-    except TimeoutError:
-        fail_input(
-            f"--base-url: {url.hostname}:{port} does not answer (timed out after 5 s); "
-            "check the host and port, and that the server is up"
-        )
-    except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
-        fail_input(
-            f"--base-url: nothing accepts connections at {url.hostname}:{port} ({reason}); "
-            "start the server or fix the URL"
-        )
+    check_remote_endpoint(cfg, ENDPOINT_FLAGS)
 
 
 def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] | None:
@@ -168,6 +149,17 @@ def command(
     client_processes: Annotated[
         Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")
     ] = None,
+    duration_s: Annotated[
+        Optional[float],
+        typer.Option(help="Seconds of sending per level (in-flight requests finish); with --num-requests."),
+    ] = None,
+    api: Annotated[
+        Optional[str], typer.Option(help="Endpoint: chat (/chat/completions, default) or completions.")
+    ] = None,
+    dataset: Annotated[
+        Optional[str],
+        typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH (prompt, output_len, input_len)."),
+    ] = None,
     config: Annotated[
         Optional[Path],
         typer.Option(
@@ -209,9 +201,13 @@ def command(
             "input_len": input_len,
             "output_len": output_len,
             "client_processes": client_processes,
+            "duration_s": duration_s,
+            "api": api,
+            "dataset": dataset,
             "enabled": True,
         },
     )
+    check_dataset(cfg.stream, prompt or prompts or input_len)
     _check_endpoint(cfg)
     check_embedded_engine(cfg)
 

@@ -3,8 +3,9 @@
 Builds the config from YAML (``--config``, sweep-shaped: ``SweepFlowConfig``) and the flags,
 runs the flow (``flows.sweep``) against the embedded llama.cpp server by default, a remote
 endpoint with --base-url, or the local model with --target local, writes ``--json``
-(``{"points", "headline", "mlflow_run_id"}``) and prints one table row per point, and how many
-points a rerun skipped as already finished.
+(``{"points", "headline", "mlflow_run_id"}``, plus ``"distribution"`` when a local sweep takes
+the sampler's view) and prints one table row per point, and how many points a rerun skipped as
+already finished (after the sampler's view, one table per temperature).
 """
 
 from __future__ import annotations
@@ -15,14 +16,18 @@ from typing import Annotated, Optional
 import typer
 
 from flows.commands.common import (
+    ENDPOINT_FLAGS,
     JsonOption,
     NoTrackOption,
     apply_overrides,
     check_embedded_engine,
+    check_remote_endpoint,
+    fail_input,
     load_or_fail,
     parse_list,
     run_flow,
 )
+from flows.commands.distribution_tables import print_distribution
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from tasks.config import SweepFlowConfig
 
@@ -61,6 +66,17 @@ def command(
     no_resume: Annotated[
         bool, typer.Option("--no-resume", help="Run every point, even finished ones.")
     ] = False,
+    distribution: Annotated[
+        Optional[bool],
+        typer.Option(
+            "--distribution/--no-distribution",
+            help="--target local: the sampler's view (top-20 next tokens per temperature, the "
+            "top_p nucleus, entropy) at the first decode steps (default on).",
+        ),
+    ] = None,
+    distribution_steps: Annotated[
+        Optional[int], typer.Option(help="Decode steps of the sampler's view (1..64, default 3).")
+    ] = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -79,19 +95,32 @@ def command(
             "max_concurrency": max_concurrency,
             "prompt": prompt,
             "target": target,
+            "distribution": distribution,
+            "distribution_steps": distribution_steps,
         },
     )
+    if distribution and cfg.sweep.target != "local":  # the view reads the local model's logits
+        fail_input("--distribution needs --target local (an endpoint does not return the logits)")
     cfg = apply_overrides(cfg, "endpoint", {"base_url": base_url, "model": model, "api_key_env": api_key_env})
     cfg = apply_overrides(cfg, "server", {"engine": engine})
     if cfg.sweep.target != "local":
         check_embedded_engine(cfg)
+        check_remote_endpoint(cfg, ENDPOINT_FLAGS)
     if no_resume:
         cfg = apply_overrides(cfg, None, {"resume": False})
     from flows.sweep import sweep
 
+    viewed = cfg.sweep.target == "local" and cfg.sweep.distribution  # --json key only then
     _, result = run_flow(
-        "sweep", sweep, cfg, track=not no_track, json_path=json_path, json_keys=("points", "headline")
+        "sweep",
+        sweep,
+        cfg,
+        track=not no_track,
+        json_path=json_path,
+        json_keys=("points", "headline", "distribution") if viewed else ("points", "headline"),
     )
+    if result.get("distribution"):
+        print_distribution(result["distribution"])
     print_points(result["points"])
     headline = result["headline"]
     if headline:
@@ -130,3 +159,8 @@ def print_points(points: list[dict]) -> None:
         status = p["status"] + (f" ({p['error_class']})" if p.get("error_class") else "")
         table.add_row(*(status if k == "status" else fmt_value(p.get(k), ",.3g") for k in _COLUMNS))
     console.print(table)
+    for p in points:  # why a greedy point's first (cold) answer differed: not the sampler
+        if p.get("determinism_note"):
+            console.print(
+                f"T={p['temperature']} top_p={p.get('top_p')}: {p['determinism_note']}", highlight=False
+            )

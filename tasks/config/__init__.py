@@ -15,6 +15,8 @@ Every public name is re-exported here: ``from tasks.config import X`` is the imp
 
 from tasks.config.flows import (
     AuditConfig,
+    CapacityConfig,
+    CapacityFlowConfig,
     ProfileFlowConfig,
     RegressionConfig,
     StreamFlowConfig,
@@ -39,6 +41,8 @@ __all__ = [
     "DEFAULT_STREAM_PROMPTS",
     "DEFAULT_TOKENIZE_PROMPTS",
     "AuditConfig",
+    "CapacityConfig",
+    "CapacityFlowConfig",
     "ConfigError",
     "EndpointConfig",
     "ProfileConfig",

@@ -37,6 +37,11 @@ class RegressionConfig(_Strict):
         "-10 = throughput may drop 10 %.",
     )
     fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
+    force_baseline: bool = Field(
+        False,
+        description="Judge even against a baseline whose workload differs (prompt lengths, "
+        "max_tokens, concurrency, model file, engine); default: no verdict, 'incomparable'.",
+    )
 
     @field_validator("thresholds_pct")
     @classmethod
@@ -58,6 +63,31 @@ class StreamFlowConfig(_Strict):
 
     name: str = Field("stream", min_length=1, description="Run name shown in MLflow and Prefect.")
     stream: StreamConfig = Field(default_factory=StreamConfig)
+    endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
+    server: ServerConfig = Field(default_factory=lambda: ServerConfig())
+    tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+
+class CapacityConfig(_Strict):
+    """The capacity search (``tasks.stream.capacity``): its SLOs are ``stream.goodput``."""
+
+    target: float = Field(0.95, gt=0, le=1, description="Goodput fraction a rate must reach (0-1].")
+    tolerance_pct: float = Field(
+        5.0, gt=0, lt=100, description="Stop when the bracket is within this % of its upper end."
+    )
+    max_levels: int = Field(8, ge=2, description="Most levels in all (synchronous and saturation included).")
+
+
+class CapacityFlowConfig(_Strict):
+    """`infermeter capacity`: the highest request rate whose goodput fraction meets the target.
+    Each level is a stream level (``stream``: requests per level, warm-up, prompts, SLOs in
+    ``goodput``); ``stream.max_concurrency`` and ``stream.request_rate`` are set by the search."""
+
+    name: str = Field("capacity", min_length=1, description="Run name shown in MLflow and Prefect.")
+    capacity: CapacityConfig = Field(default_factory=CapacityConfig)
+    stream: StreamConfig = Field(
+        default_factory=lambda: StreamConfig(num_requests=20, goodput={"ttft_ms": 2000, "tpot_ms": 300})
+    )
     endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -15,15 +17,41 @@ class ConfigError(ValueError):
     """A configuration that cannot be used; the message names the field and the fix."""
 
 
-def describe_validation_error(error: ValidationError, source: str = "config") -> str:
-    """One line naming the first bad field, what is wrong and (where the model says) the fix."""
+def _fields_at(model: type[BaseModel] | None, loc: tuple) -> list[str]:
+    """The field names of the (nested) model at ``loc``; [] where that is not a model."""
+    for part in loc:
+        field = model.model_fields.get(str(part)) if model is not None else None
+        annotation = field.annotation if field is not None else None
+        model = annotation if isinstance(annotation, type) and issubclass(annotation, BaseModel) else None
+    return list(model.model_fields) if model is not None else []
+
+
+def describe_validation_error(
+    error: ValidationError,
+    source: str = "config",
+    model: type[BaseModel] | None = None,
+    names: Mapping[tuple, str] | None = None,
+) -> str:
+    """One line naming the first bad field, what is wrong and (where the model says) the fix.
+
+    ``model``: the config model validated, so an unknown key (a typo) gets the closest valid
+    key at its level (``difflib.get_close_matches``). ``names``: field location -> what the user
+    typed for it (a CLI flag such as ``--num-requests``), named instead of ``source: loc`` (the
+    longest location that is a prefix of the error's).
+    """
     first = error.errors()[0]
-    where = ".".join(str(part) for part in first["loc"]) or "(top level)"
+    loc = tuple(first["loc"])
+    where = ".".join(str(part) for part in loc) or "(top level)"
     message = first["msg"]
     if first["type"] == "extra_forbidden":
-        message = "unknown key (check the spelling; see configs/default.yaml for the fields)"
+        close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc[:-1]), n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]!r}?" if close else "check the spelling"
+        message = f"unknown key ({hint} see configs/default.yaml for the fields)"
     more = len(error.errors()) - 1
     suffix = f" (+{more} more)" if more else ""
+    for end in range(len(loc), 0, -1):  # an item of a list (stream.max_concurrency.0) too
+        if names and loc[:end] in names:
+            return f"{names[loc[:end]]}: {message}{suffix}"
     return f"{source}: {where}: {message}{suffix}"
 
 
@@ -31,7 +59,8 @@ def load_config(path: str | Path | None = None, model: type[BaseModel] = AuditCo
     """Read and validate a YAML config (None = the built-in defaults).
 
     Raises:
-        ConfigError: the file is missing, is not YAML mapping, or a field is invalid; the
+        ConfigError: the file is missing, empty (or whitespace / comments only), is not a YAML mapping,
+            or a field is invalid (an unknown key with the closest valid one); the
             message is one line that names the file and the field.
     """
     if path is None:
@@ -40,12 +69,19 @@ def load_config(path: str | Path | None = None, model: type[BaseModel] = AuditCo
     if not path.is_file():
         raise ConfigError(f"config: file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        # empty, whitespace or comments only: almost always a mistake (a wrong file, an unsaved
+        # buffer); running the full default audit instead would cost minutes and mislead
+        raise ConfigError(
+            f"{path}: the config file is empty (no settings); give at least one setting (`{{}}` "
+            "for all defaults), or leave out --config"
+        )
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping of stage names to settings")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        raise ConfigError(describe_validation_error(exc, str(path))) from None
+        raise ConfigError(describe_validation_error(exc, str(path), model)) from None

@@ -101,6 +101,14 @@ class ProfileConfig(_Strict):
     repeats: int = Field(3, ge=1, description="Timed repeats per point; the median is reported.")
     warmup: int = Field(1, ge=0, description="Untimed warm-up runs per point (recorded, excluded).")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="auto = cuda when present.")
+    # issue 12: the profiled per-part breakdown and the roofline, apart from the timed repeats
+    breakdown: bool | None = Field(
+        None,
+        description="Per-part time (torch.profiler) of one prefill and breakdown_steps decode "
+        "steps, and the roofline, per point; null = on in the audit (its first point), off in "
+        "`infermeter profile` (--breakdown).",
+    )
+    breakdown_steps: int = Field(4, ge=1, description="Profiled decode steps of the breakdown.")
 
     @field_validator("prompt_lengths", "batch_sizes")
     @classmethod
@@ -223,6 +231,20 @@ class StreamConfig(_Strict):
         description="Client processes per level (at most its concurrency), for loads "
         "one core cannot drive; records merged, clocks comparable.",
     )
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds of sending per level: after it no measured request is sent (those in "
+        "flight finish and count); num_requests still caps the level. Empty = no time bound.",
+    )
+    api: Literal["chat", "completions"] = Field(
+        "chat", description="Endpoint streamed: chat (/chat/completions) or completions (/completions)."
+    )
+    dataset: str | None = Field(
+        None,
+        description="Workload file: sharegpt:PATH (ShareGPT JSON) or jsonl:PATH (prompt, "
+        "output_len, input_len per line); replaces prompts / input_len.",
+    )
 
     @field_validator("max_concurrency")
     @classmethod
@@ -315,6 +337,13 @@ class SweepConfig(_Strict):
         description="Extra request-body fields sent with every grid point (e.g. min_p).",
     )
     samples: int = Field(3, description="Samples per point (>= 1); sample i uses seed + i.")
+    warmup: int = Field(
+        1,
+        ge=0,
+        le=1,
+        description="Warm-up request per point before its samples (endpoint target; recorded, "
+        "excluded from the figures; its cold output is compared with the warm samples).",
+    )
     seed: int = Field(0, description="Base seed.")
     max_tokens: int = Field(32, ge=1, description="max_completion_tokens per sample.")
     max_concurrency: int = Field(
@@ -329,6 +358,14 @@ class SweepConfig(_Strict):
         "transformers generate on local_model with the same parameters.",
     )
     local_model: str = Field("gguf:default", description="Model spec for target local.")
+    distribution: bool = Field(
+        True,
+        description="Target local: the sampler's view (top-20 next tokens per temperature, the "
+        "nucleus top_p keeps, entropy) at the first distribution_steps decode steps of the prompt.",
+    )
+    distribution_steps: int = Field(
+        3, ge=1, le=64, description="Decode steps of the sampler's view (greedy path; 1..64)."
+    )
 
     @field_validator("temperature", "top_p", "top_k")
     @classmethod

@@ -118,6 +118,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
             "kv_cache_bytes",
             "kv_cache_bytes_formula",
             "peak_memory_bytes",
+            "decode_bandwidth_fraction",  # under --breakdown (the audit's first point), else None
         ),
         "the profile headline",
     ),

@@ -132,6 +132,27 @@ REGISTRY: tuple[Metric, ...] = (
         )
     ),
     Metric("profile_failed_points", "count", "profile", "Points that failed (stage run).", "higher"),
+    # --breakdown (issue 12): profiled per-part time and the roofline (tasks/profile/breakdown.py,
+    # roofline.py; flattened by breakdown_report.analysis_metrics); profiled runs, not the timed ones
+    Metric("breakdown_prefill_<part>_ms", "ms", "profile", "Profiled prefill: one part's exclusive time.", _LAT),
+    Metric("breakdown_decode_<part>_ms", "ms", "profile", "Profiled mean decode step: one part's time.", _LAT),
+    Metric("copy_bandwidth_gb_per_s", "GB/s", "profile", "Measured copy bandwidth (read + write)."),
+    Metric("matmul_flop_per_s", "FLOP/s", "profile", "Measured n x n matmul rate."),
+    Metric("ridge_flop_per_byte", "FLOP/B", "profile", "matmul_flop_per_s / copy bandwidth."),
+    *(
+        Metric(f"{phase}_{name}", unit, "profile", f"{where}: {text}", worse)
+        for phase, where in (("prefill", "Prefill"), ("decode", "Mean decode step"))
+        for name, unit, text, worse in (
+            ("flops", "FLOP", "2 x matmul weights x tokens + causal attention.", None),
+            ("bytes", "bytes", "Weights read + KV cache (measured tensors).", None),
+            ("arithmetic_intensity_flop_per_byte", "FLOP/B", "flops / bytes.", None),
+            ("achieved_flop_per_s", "FLOP/s", "flops / timed time.", _TPUT),
+            ("achieved_bandwidth_gb_per_s", "GB/s", "bytes / timed time.", _TPUT),
+            ("bandwidth_fraction", "fraction", "Achieved / measured copy bandwidth.", _TPUT),
+            ("compute_fraction", "fraction", "Achieved / measured matmul rate.", _TPUT),
+            ("memory_bound", "0/1", "1 when intensity < ridge point.", None),
+        )
+    ),
     # remote stream, per level (tasks/stats.py aggregate_level, tasks/stream/*); DESIGN.md has
     # the contract of each latency
     Metric(
@@ -166,6 +187,14 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("error_rate", "fraction", "stream", "num_errors / num_requests.", "higher", comparable=True),
     Metric("errors_<class>", "count", "stream", "Failed requests of one error class.", "higher"),
     Metric("output_tokens_total", "tokens", "stream", "Output tokens of the successful requests."),
+    Metric("input_tokens_total", "tokens", "stream", "Prompt tokens of the successful requests."),
+    Metric(
+        "total_tokens_per_s",
+        "tokens/s",
+        "stream",
+        "Input + output tokens / wall time.",
+        _TPUT,
+    ),
     Metric(
         "output_tokens_per_s", "tokens/s", "stream", "All output tokens / wall time.", _TPUT, comparable=True
     ),
@@ -220,6 +249,15 @@ REGISTRY: tuple[Metric, ...] = (
     Metric(
         "server_client_disagree", "0/1", "stream", "1 when client and server TTFT/E2E disagree.", "higher"
     ),
+    # capacity search (issue 15, tasks/stream/capacity.py): on the capacity flow's parent run
+    Metric(
+        "capacity_requests_per_s", "requests/s", "stream", "Highest rate meeting the goodput target.", "lower"
+    ),
+    Metric("capacity_output_tokens_per_s", "tokens/s", "stream", "Output tokens/s at the capacity.", "lower"),
+    Metric("capacity_bracket_low_requests_per_s", "requests/s", "stream", "Capacity bracket: lower end."),
+    Metric("capacity_bracket_high_requests_per_s", "requests/s", "stream", "Capacity bracket: upper end."),
+    Metric("capacity_levels", "count", "stream", "Levels the capacity search ran."),
+    Metric("capacity_level_passed", "0/1", "stream", "1 when the level met the goodput target (level run)."),
     # sampling sweep, per point (tasks/sweep point_metrics) and on the stage run
     Metric("num_samples", "count", "sweep", "Samples of the point."),
     Metric("num_samples_failed", "count", "sweep", "Samples that failed.", "higher"),
@@ -233,4 +271,6 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("sweep_points_skipped", "count", "sweep", "Points resumed from earlier runs."),
     Metric("sweep_points_failed", "count", "sweep", "Points with a failed sample.", "higher"),
     Metric("sweep_determinism_violations", "count", "sweep", "Points with determinism_violated.", "higher"),
+    # the sampler's view (issue 12, tasks/sweep/distribution.py): per decode step, one series each
+    Metric("next_token_entropy_bits_t<temperature>", "bits", "sweep", "Next-token entropy at a temperature."),
 )

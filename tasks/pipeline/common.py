@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from pathlib import Path
 from typing import Any
 
 from prefect import get_run_logger
@@ -31,20 +32,36 @@ def _token_counter(tokenizer):
 
 
 class StageRun:
-    """A stage's child run: ended FINISHED, or FAILED with the error recorded on it."""
+    """A stage's child run: ended FINISHED; FAILED with the error recorded on it; or KILLED
+    when the command was interrupted (Ctrl-C, SIGTERM: an exception that is not an
+    ``Exception``). A run that did not finish logs the records it has (:meth:`keep`), so what
+    was measured before the interruption is in MLflow, not only on disk."""
 
     def __init__(self, target: TrackingTarget, name: str, parent_run_id: str | None, tags=None):
         self.tracker = target.open()
         self.run_id = self.tracker.start_run(name, parent_run_id, {"stage": name, **(tags or {})})
+        self._kept: list[Path] = []
+
+    def keep(self, path: Path) -> None:
+        """A record file (a crash-safe journal) to log as an artifact should the stage not
+        finish; a finished stage logs its own records."""
+        self._kept.append(Path(path))
 
     def __enter__(self) -> StageRun:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is not None:
-            self.tracker.set_tags(self.run_id, {"error": f"{exc_type.__name__}: {exc}"[:500]})
-            self.tracker.log_text(self.run_id, "".join(traceback.format_exception(exc)), "error.txt")
-        self.tracker.end_run(self.run_id, "FAILED" if exc is not None else "FINISHED")
+        if exc is None:
+            self.tracker.end_run(self.run_id, "FINISHED")
+            return
+        interrupted = not isinstance(exc, Exception)
+        error = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__
+        self.tracker.set_tags(self.run_id, {"error": ("interrupted: " if interrupted else "") + error[:480]})
+        self.tracker.log_text(self.run_id, "".join(traceback.format_exception(exc)), "error.txt")
+        for path in self._kept:
+            if path.is_file():
+                self.tracker.log_artifact(self.run_id, path)
+        self.tracker.end_run(self.run_id, "KILLED" if interrupted else "FAILED")
 
 
 def stage_logger(name: str):

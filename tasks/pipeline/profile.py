@@ -48,9 +48,14 @@ def _profile_progress(total: int):
     return bar, bar.add_task("loading the model", total=total)
 
 
-def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePointResult, label: str) -> None:
+def _track_point(
+    tracker: Tracker, stage_run_id: str | None, result: ProfilePointResult, label: str, folder: Path
+) -> None:
     """One point's child run under the stage's: tags, the point's parameters, its scalar
-    figures, the per-step decode times as a series; FAILED (with an ``error`` tag) or FINISHED."""
+    figures, the per-step decode times as a series, and under --breakdown the breakdown's and
+    roofline's figures and artifacts; FAILED (with an ``error`` tag) or FINISHED."""
+    from tasks.profile.breakdown_report import analysis_metrics, breakdown_rows, write_analysis
+
     row = result.to_dict()
     child = tracker.start_run(
         f"profile {label}",
@@ -63,9 +68,13 @@ def _track_point(tracker: Tracker, stage_run_id: str | None, result: ProfilePoin
         },
     )
     tracker.log_params(child, {k: str(v) for k, v in result.parameters().items()})
-    tracker.log_metrics(child, _scalars(row))
+    tracker.log_metrics(child, {**_scalars(row), **analysis_metrics(row)})
     if result.measurement is not None:
-        tracker.log_metric_series(child, "decode_step_ms", row["decode_ms"])
+        tracker.log_metric_series(child, "decode_step_ms", row["decode_ms"], durations=True)
+    if result.analysis is not None:
+        tracker.log_table(child, breakdown_rows(row), "breakdown/breakdown_table.json")
+        for path in write_analysis(row, folder / label.replace(" ", "_")):
+            tracker.log_artifact(child, path, "breakdown")
     tracker.end_run(child, "FAILED" if result.failed else "FINISHED")
 
 
@@ -76,6 +85,7 @@ def profile_stage(
     parent_run_id: str | None,
     workdir: str,
     show_progress: bool = False,
+    breakdown_default: bool = False,
 ) -> dict:
     """Prefill and per-token decode over prompt length x batch size x dtype x prefill chunk size
     x max_new_tokens (points that may not fit run in a child process: :func:`run_sweep`).
@@ -86,10 +96,16 @@ def profile_stage(
     Returns {"points" (the rows of :meth:`ProfilePointResult.to_dict`), "headline" (the first
     successful point's), "failed_points", "mlflow_run_id"}.
 
+    ``cfg.breakdown`` (None: ``breakdown_default``, then only on the first point, as the audit
+    does): each point also gets its profiled per-part breakdown and roofline (keys
+    ``breakdown`` / ``roofline`` on its row; the table, the plots and the Chrome trace under
+    ``breakdown/`` on the point's run), and the result gets ``decode_verdict``.
+
     Raises:
         ProfileSweepFailed: no point succeeded (its ``points`` say why each failed).
     """
     from tasks.models import resolve
+    from tasks.profile.breakdown_report import analysis_metrics, decode_verdict
     from tasks.profile.grid import chosen_dtypes, profile_points, steps_swept
     from tasks.profile.journal import append_point, write_points
     from tasks.profile.plots import write_profile_plots
@@ -98,6 +114,7 @@ def profile_stage(
 
     source = resolve(cfg.model)
     with StageRun(target, "profile", parent_run_id, {"random_weights": source.random_weights}) as run:
+        run.keep(Path(workdir) / "profile_points.jsonl")
         device = resolve_device(cfg.device)
         dtypes = chosen_dtypes(cfg.model, cfg.dtypes)
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump()))
@@ -110,12 +127,15 @@ def profile_stage(
             cfg.max_new_tokens_values,
         )
         show_steps = steps_swept(points)
+        breakdown = cfg.breakdown if cfg.breakdown is not None else breakdown_default
+        traces = Path(workdir) / "breakdown"
+        traces.mkdir(parents=True, exist_ok=True)
         bar, bar_task = _profile_progress(len(points)) if show_progress else (None, None)
 
         def on_point(index: int, total: int, result: ProfilePointResult) -> None:
             append_point(workdir, result)  # at once: a crash or Ctrl-C keeps it (also untracked)
             label = result.point.label(show_steps)
-            _track_point(run.tracker, run.run_id, result, label)
+            _track_point(run.tracker, run.run_id, result, label, traces)
             if bar is not None:
                 bar.update(bar_task, advance=1, description=label + (" FAILED" if result.failed else ""))
                 bar.refresh()
@@ -132,6 +152,9 @@ def profile_stage(
                 device=device,
                 num_layers=cfg.num_layers,
                 on_point=on_point,
+                breakdown_steps=cfg.breakdown_steps if breakdown else 0,
+                trace_dir=str(traces) if breakdown else None,
+                breakdown_first=cfg.breakdown is None,
             )
         finally:
             if bar is not None:
@@ -149,6 +172,10 @@ def profile_stage(
         if not ok:
             raise ProfileSweepFailed(f"every profile point failed; first: {results[0].error}", rows)
         first = ok[0].to_dict()
+        first.update(analysis_metrics(first))
         headline = {k: first.get(k) for k in PROFILE_HEADLINE}
-        run.tracker.log_metrics(run.run_id, headline)
-        return {"points": rows, "headline": headline, "failed_points": failed, "mlflow_run_id": run.run_id}
+        run.tracker.log_metrics(run.run_id, {k: v for k, v in headline.items() if v is not None})
+        out = {"points": rows, "headline": headline, "failed_points": failed, "mlflow_run_id": run.run_id}
+        if breakdown:
+            out["decode_verdict"] = decode_verdict(rows)
+        return out

@@ -3,6 +3,7 @@ of ``tasks.stream.levels`` (child runs, params, plots, artifacts)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 from prefect import task
@@ -13,8 +14,8 @@ from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.report import plots as plots_module
+from tasks.stream.datasets import stage_workload
 from tasks.stream.levels import Level, run_levels
-from tasks.stream.prompts import stage_prompts
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
@@ -45,19 +46,22 @@ def stream_stage(
     connection = Connection.of(endpoint)  # a named key missing from the environment fails here
     with StageRun(target, "stream", parent_run_id, endpoint.identity()) as run:
         tokenizer = load_tokenizer(endpoint.tokenizer)
-        prompts, prompt_tokens = stage_prompts(cfg, tokenizer)
+        prompts, prompt_tokens, output_lens = stage_workload(cfg, tokenizer)
         workdir_path = Path(workdir)
         journal = workdir_path / "requests.jsonl"
+        run.keep(journal)
         plots: list[Path] = []
         run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump(mode="json")))
 
         def log_level(level: Level) -> None:
             """The level's child run: params, metrics, latency histograms."""
             rate_text = plots_module.rate_label(level.request_rate)
+            start_ms, end_ms = level_wall_ms(level)
             child = run.tracker.start_run(
                 f"stream c={level.max_concurrency} rate={rate_text}",
                 run.run_id,
                 {"stage": "stream_level"},
+                start_time_ms=start_ms,
             )
             run.tracker.log_params(
                 child,
@@ -75,12 +79,12 @@ def stream_stage(
                 )
                 run.tracker.log_artifact(child, hist, "plots")
                 plots.append(hist)
-            run.tracker.end_run(child)
+            run.tracker.end_run(child, end_time_ms=end_ms)
 
         with RecordWriter(journal) as writer:
             done = run_levels(
                 connection,
-                settings_from_config(cfg, endpoint, prompts, prompt_tokens),
+                settings_from_config(cfg, endpoint, prompts, prompt_tokens, output_lens),
                 count_tokens=_token_counter(tokenizer),
                 goodput=cfg.goodput,
                 client_processes=cfg.client_processes,
@@ -100,3 +104,19 @@ def stream_stage(
         headline = {k: levels[0]["metrics"].get(k) for k in STREAM_HEADLINE}
         run.tracker.log_metrics(run.run_id, headline)
         return {"levels": levels, "headline": headline, "mlflow_run_id": run.run_id}
+
+
+def level_wall_ms(level: Level) -> tuple[int | None, int | None]:
+    """(start, end) of a finished level in Unix ms, for its MLflow run's duration: its first
+    send (warm-ups included) and its last measured completion (first measured send + ``wall_s``).
+    The records' ``send_ns`` are ``perf_counter_ns`` (CLOCK_MONOTONIC, one clock for all client
+    processes), turned into wall time by one (time.time, perf_counter_ns) pair read now.
+    (None, None) when no request was sent."""
+    sends = [r.send_ns for r in level.records if r.send_ns]
+    if not sends:
+        return None, None
+    offset_ms = time.time() * 1000 - time.perf_counter_ns() / 1e6
+    measured = [r.send_ns for r in level.records if r.send_ns and not r.warmup] or sends
+    start_ms = min(sends) / 1e6 + offset_ms
+    end_ms = min(measured) / 1e6 + level.wall_s * 1000 + offset_ms
+    return int(start_ms), int(max(end_ms, start_ms))

@@ -14,6 +14,7 @@ from tasks import tokenizers
 from tasks.config import SweepConfig
 from tasks.endpoint import Endpoint
 from tasks.pipeline.common import STAGE, StageRun
+from tasks.report import distribution_plots
 from tasks.report import plots as plots_module
 from tasks.stream.load import connect
 from tasks.stream.settings import Connection
@@ -71,6 +72,7 @@ def sweep_stage(
                     done[p] = found[0]
         todo = pending_points(points, done)
         finished: dict[SweepPoint, tuple[PointResult, str | None]] = {}
+        distribution: list[dict] | None = None
         lock = threading.Lock()
 
         def keep(result: PointResult) -> None:  # as each point finishes (a worker thread)
@@ -81,6 +83,8 @@ def sweep_stage(
             from tasks.models import load_model
 
             model, hf_tokenizer = load_model(cfg.local_model)
+            if cfg.distribution:  # the sampler's view (issue 12), before the samples
+                distribution = _sampler_view(run, cfg, points, model, hf_tokenizer, Path(workdir))
             for p in todo:
                 keep(
                     run_point_local(
@@ -109,7 +113,30 @@ def sweep_stage(
             run.tracker.log_artifact(run.run_id, artifact)
         headline = sweep_headline(outcomes)
         run.tracker.log_metrics(run.run_id, headline)
-        return {"points": out, "headline": headline, "identity": identity, "mlflow_run_id": run.run_id}
+        out_keys = {"points": out, "headline": headline, "identity": identity, "mlflow_run_id": run.run_id}
+        return out_keys if distribution is None else {**out_keys, "distribution": distribution}
+
+
+def _sampler_view(run: StageRun, cfg: SweepConfig, points, model, tokenizer, workdir: Path) -> list[dict]:
+    """The sampler's view at the first ``cfg.distribution_steps`` decode steps of the prompt,
+    under every swept temperature and top_p (``StepDistribution.to_dict`` rows); logged on the
+    stage run: ``sampler_view.json`` (table), ``sampler_view.png``, and
+    ``next_token_entropy_bits_t<temperature>`` with one step per decode step."""
+    from tasks.sweep.distribution import entropy_series, next_token_distributions, table_rows
+    from tasks.sweep.local import chat_input_ids
+
+    temperatures = sorted({p.temperature for p in points})
+    top_ps = sorted({p.top_p for p in points if p.top_p is not None}) or [1.0]
+    ids = chat_input_ids(tokenizer, cfg.prompt).to(model.device)
+    steps = next_token_distributions(
+        model, tokenizer, ids, steps=cfg.distribution_steps, temperatures=temperatures, top_ps=top_ps
+    )
+    rows = [step.to_dict() for step in steps]
+    run.tracker.log_table(run.run_id, table_rows(rows), "sampler_view.json")
+    run.tracker.log_artifact(run.run_id, distribution_plots.sampler_view(rows, workdir / "sampler_view.png"))
+    for name, values in entropy_series(rows).items():
+        run.tracker.log_metric_series(run.run_id, name, values)
+    return rows
 
 
 def _log_point(run: StageRun, result: PointResult, key: str, cfg: SweepConfig) -> str | None:
@@ -118,10 +145,14 @@ def _log_point(run: StageRun, result: PointResult, key: str, cfg: SweepConfig) -
     tags = {"stage": "sweep_point", "point_key": key}
     if result.failed:
         tags["error_class"] = result.error_class
+    if result.determinism_note:
+        tags["determinism_note"] = result.determinism_note
     child = run.tracker.start_run(f"sweep {result.point.label()}", run.run_id, tags)
     run.tracker.log_params(child, flatten_params({**result.point.params(), "samples": cfg.samples}))
     run.tracker.log_metrics(child, result.metrics)
     run.tracker.log_table(child, result.sample_rows(), "samples.json")
+    if result.warmup is not None:  # recorded, outside the figures
+        run.tracker.log_dict(child, result.warmup_row(), "warmup.json")
     run.tracker.end_run(child, "FAILED" if result.failed else "FINISHED")
     return child
 
@@ -141,6 +172,7 @@ async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, ke
             api_key_env=endpoint.api_key_env,
             key=keys.__getitem__,
             on_point=lambda result: asyncio.to_thread(keep, result),
+            warmup=cfg.warmup,
         )
     finally:
         await client.close()

@@ -49,6 +49,7 @@ def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
 def _label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, legend: str = "small") -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    ax.set_ylim(bottom=0)  # times and bytes: a bar's height is read from 0, not from the minimum
     if title:
         ax.set_title(title)
     ax.legend(fontsize=legend)

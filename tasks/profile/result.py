@@ -147,6 +147,8 @@ class ProfilePointResult:
     child_process: bool  #: whether the point ran in a spawned child process
     measurement: PointMeasurement | None = None
     generated_text: str | None = None  #: the decoded generated_token_ids; None for random weights
+    #: --breakdown: the profiled breakdown and roofline (tasks.profile.roofline.PointAnalysis)
+    analysis: Any = None
 
     @property
     def failed(self) -> bool:
@@ -180,4 +182,6 @@ class ProfilePointResult:
             row.update(self.measurement.to_dict())
             row["dtype"] = self.point.dtype
             row["generated_text"] = self.generated_text
+        if self.analysis is not None:  # only under --breakdown: keys "breakdown", "roofline"
+            row.update(self.analysis.to_dict())
         return row

@@ -20,7 +20,9 @@ profiles only that point, after the points that clearly fit have run in this pro
 process's copy of the model has been released. If the kernel's out-of-memory killer ends the
 child (SIGKILL, a negative exit code), only the child dies: the point is recorded failed as
 ``PointProcessDied: ...`` naming the signal, the estimate and the available memory, and the sweep
-goes on. A Python exception inside the child is recorded exactly like one in this process.
+goes on. A Python exception inside the child is recorded exactly like one in this process. A
+child with no result within a limit derived from its estimate (:mod:`tasks.profile.limits`) is
+killed and recorded as ``PointTimedOut: ...``; the sweep goes on.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ import torch
 from tasks.arch import parameter_count
 from tasks.models import load_model, model_config, resolve
 from tasks.profile.grid import ProfilePoint, steps_swept
+from tasks.profile.limits import child_time_limit_s, hang_for_test, receive_or_kill
 from tasks.profile.measure import make_prompt_ids, profile_point
 from tasks.profile.memory import (
     MemoryNeedError,
@@ -88,9 +91,13 @@ def _profile_loaded(
     repeats: int,
     warmup: int,
     device: torch.device,
-) -> tuple[PointMeasurement, str | None]:
-    """One point on a loaded model: :func:`tasks.profile.measure.profile_point` and the
-    generated text (None for random weights: their text means nothing)."""
+    breakdown_steps: int = 0,
+    trace_dir: str | None = None,
+) -> tuple[PointMeasurement, str | None, Any]:
+    """One point on a loaded model: :func:`tasks.profile.measure.profile_point`, the
+    generated text (None for random weights: their text means nothing), and with
+    ``breakdown_steps`` > 0 the point's profiled breakdown and roofline, run after the timed
+    repeats (:func:`tasks.profile.roofline.analyse_point`; else None)."""
     prompt_ids = make_prompt_ids(tokenizer, point.prompt_tokens)
     measurement = profile_point(
         model,
@@ -103,7 +110,16 @@ def _profile_loaded(
         prefill_chunk_size=point.prefill_chunk_size,
     )
     text = None if random_weights else tokenizer.decode(list(measurement.generated_token_ids))
-    return measurement, text
+    analysis = None
+    if breakdown_steps:
+        from tasks.profile.roofline import analyse_point
+
+        input_ids = prompt_ids.to(device).repeat(point.batch_size, 1)
+        trace = f"{trace_dir}/trace-{point.label(True).replace(' ', '_')}.json" if trace_dir else None
+        analysis = analyse_point(
+            model, input_ids, measurement, decode_steps=breakdown_steps, trace_path=trace
+        )
+    return measurement, text, analysis
 
 
 def _point_in_child(
@@ -114,17 +130,30 @@ def _point_in_child(
     point: ProfilePoint,
     repeats: int,
     warmup: int,
+    breakdown_steps: int = 0,
+    trace_dir: str | None = None,
 ) -> None:
     """The body of a spawned child: load the model, profile one point, send
     ``("ok", (measurement, generated_text))`` or ``("error", "ExceptionClass: message")``
     through ``conn``."""
     try:
+        hang_for_test(point)
         resolved = resolve_device(device)
         model, tokenizer = load_model(spec, point.dtype, str(resolved), num_layers=num_layers)
         _touch_weights(model, resolved)
         message: tuple[str, Any] = (
             "ok",
-            _profile_loaded(model, tokenizer, point, resolve(spec).random_weights, repeats, warmup, resolved),
+            _profile_loaded(
+                model,
+                tokenizer,
+                point,
+                resolve(spec).random_weights,
+                repeats,
+                warmup,
+                resolved,
+                breakdown_steps,
+                trace_dir,
+            ),
         )
     except Exception as exc:  # noqa: BLE001 - sent to the parent, recorded there
         message = ("error", _describe(exc))
@@ -160,14 +189,18 @@ def _run_in_child(
     num_layers: int | None,
     repeats: int,
     warmup: int,
+    breakdown_steps: int = 0,
+    trace_dir: str | None = None,
+    limit_s: float = float("inf"),
 ) -> tuple[tuple[str, Any] | None, int | None]:
     """Run one point in a ``multiprocessing`` spawn child; returns (its message or None when it
-    ended without one, its exit code; negative = killed by that signal)."""
+    ended without one, its exit code; negative = killed by that signal). No answer in
+    ``limit_s``: killed, message ``("error", "PointTimedOut: ...")`` (tasks.profile.limits)."""
     context = multiprocessing.get_context("spawn")  # fork is unsafe with CUDA and threads
     receive, send = context.Pipe(duplex=False)
     child = context.Process(
         target=_point_in_child,
-        args=(send, spec, str(device), num_layers, point, repeats, warmup),
+        args=(send, spec, str(device), num_layers, point, repeats, warmup, breakdown_steps, trace_dir),
         name=f"infermeter profile {point.label(True)}",
         daemon=True,
     )
@@ -175,7 +208,7 @@ def _run_in_child(
         child.start()
     send.close()  # the child holds the only write end: its death ends recv() with EOFError
     try:
-        message = receive.recv()
+        message = receive_or_kill(receive, child, limit_s, point.label(True))
     except EOFError:
         message = None
     finally:
@@ -219,6 +252,9 @@ def run_sweep(
     on_point: Callable[[int, int, ProfilePointResult], None] | None = None,
     available: Callable[[torch.device], int] = available_memory_bytes,
     child_fraction: float = CHILD_PROCESS_FRACTION,
+    breakdown_steps: int = 0,
+    trace_dir: str | None = None,
+    breakdown_first: bool = False,
 ) -> list[ProfilePointResult]:
     """Profile every point; returns one result per point, in the order of ``points``.
 
@@ -239,7 +275,9 @@ def run_sweep(
     ``memory_estimate_bytes`` (the estimate the check used) and ``child_process`` (whether the
     point ran in a child); a point that ran also has its ``measurement``
     (:func:`tasks.profile.measure.profile_point`) and ``generated_text`` (None for random
-    weights). ``on_point(index, total, result)`` is called after each point, in the order they ran
+    weights). ``breakdown_steps`` > 0: each point that ran also gets its profiled breakdown and
+    roofline (``analysis``; Chrome traces under ``trace_dir``); ``breakdown_first``: only the
+    first point of the list does. ``on_point(index, total, result)`` is called after each point, in the order they ran
     (index counts finished points), outside any timed region.
 
     Raises:
@@ -272,11 +310,11 @@ def run_sweep(
     def record(
         index: int,
         point: ProfilePoint,
-        ran: tuple[PointMeasurement, str | None] | None,
+        ran: tuple[PointMeasurement, str | None, Any] | None,
         error: str | None,
         child: bool,
     ) -> None:
-        measurement, text = ran if ran is not None else (None, None)
+        measurement, text, analysis = ran if ran is not None else (None, None, None)
         row = ProfilePointResult(
             model=spec,
             point=point,
@@ -287,6 +325,7 @@ def run_sweep(
             child_process=child,
             measurement=measurement,
             generated_text=text,
+            analysis=analysis,
         )
         results[index] = row
         if on_point is not None:
@@ -331,7 +370,15 @@ def run_sweep(
                                 weights_resident=True,
                             )
                             ran = _profile_loaded(
-                                model, tokenizer, point, source.random_weights, repeats, warmup, device
+                                model,
+                                tokenizer,
+                                point,
+                                source.random_weights,
+                                repeats,
+                                warmup,
+                                device,
+                                breakdown_steps if not breakdown_first or index == 0 else 0,
+                                trace_dir,
                             )
                         except Exception as exc:  # noqa: BLE001 - recorded; the sweep goes on
                             release()
@@ -351,7 +398,15 @@ def run_sweep(
                 record(index, point, None, _describe(exc), False)
                 continue
             message, exitcode = _run_in_child(
-                spec, point, device=device, num_layers=num_layers, repeats=repeats, warmup=warmup
+                spec,
+                point,
+                limit_s=child_time_limit_s(point, need, repeats, warmup),
+                device=device,
+                num_layers=num_layers,
+                repeats=repeats,
+                warmup=warmup,
+                breakdown_steps=breakdown_steps if not breakdown_first or index == 0 else 0,
+                trace_dir=trace_dir,
             )
             if message is None:
                 cause = _death_cause(point.label(show_steps), exitcode, need, free_now)

@@ -1,35 +1,164 @@
 """Choosing an audit's baseline and recording the verdict on its run.
 
 The baseline is a named run, or the last N finished audits of the same endpoint and model
-(identified by server kind + model + model file hash, never by URL or port). Talks to MLflow only
+(identified by server kind + model + model file hash, never by URL or port). Either way a
+verdict is only given between like workloads: the parent runs' params and tags listed in
+:data:`WORKLOAD_PARAMS` and :data:`WORKLOAD_TAGS` (prompt lengths, max_tokens, concurrency
+levels, model file, engine) must agree, else the result is ``incomparable`` with the differing
+fields, and no metric is judged (unless ``regression.force_baseline``). Talks to MLflow only
 through a :class:`tasks.tracking.Tracker`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 from tasks.config import RegressionConfig
 from tasks.report.regression import MetricVerdict, verdict, verdict_markdown
 from tasks.tracking import Tracker
 
-#: Tags that make two audits comparable.
+#: Tags that make two audits comparable (the automatic search filters on them).
 IDENTITY_TAGS = ("endpoint_kind", "endpoint_model", "endpoint_model_sha256", "model")
+
+#: The parent run's params (the config, flattened by ``tasks.tracking.flatten_params``) that
+#: define the workload: the headline metrics of two runs that differ in one of them measure
+#: different things (a longer prompt has a longer prefill, more streams queue longer).
+WORKLOAD_PARAMS = (
+    "profile.model",
+    "profile.prompt_lengths",
+    "profile.batch_sizes",
+    "profile.dtypes",
+    "profile.max_new_tokens",
+    "profile.prefill_chunk_sizes",
+    "profile.num_layers",
+    "stream.prompts",
+    "stream.prompts.count",
+    "stream.input_len",
+    "stream.output_len",
+    "stream.max_tokens",
+    "stream.max_concurrency",
+    "stream.request_rate",
+    "stream.ignore_eos",
+    "server.engine",
+    "server.model",
+    "endpoint.model",
+)
+#: The parent run's tags that define the workload: the engine and the model file it served.
+WORKLOAD_TAGS = ("endpoint_kind", "endpoint_model", "endpoint_model_sha256")
+
+#: How many earlier audits the automatic search reads to find N with the same workload.
+_SEARCH_DEPTH = 50
+
+
+@dataclass(frozen=True)
+class WorkloadDifference:
+    """One workload field that differs: its name (a param such as ``stream.max_tokens`` or a
+    tag such as ``endpoint_kind``), the current run's value and the baseline run's (as logged;
+    None = not recorded), and the baseline run's id."""
+
+    field: str
+    current: str | None
+    baseline: str | None
+    baseline_run_id: str
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def text(self) -> str:
+        return f"{self.field} {self.current or '(none)'} vs {self.baseline or '(none)'}"
+
+
+def workload(run: Mapping[str, Any]) -> dict[str, str | None]:
+    """The workload fields of a run dict (``Tracker.find_runs`` / ``runs_by_id`` shape)."""
+    params, tags = run.get("params") or {}, run.get("tags") or {}
+    values = {key: params.get(key) for key in WORKLOAD_PARAMS}
+    values.update({key: tags.get(key) for key in WORKLOAD_TAGS})
+    return values
+
+
+def _same(a: str | None, b: str | None) -> bool:
+    """Equal as logged, or equal as JSON values: ``[1,2]`` (older runs) == ``[1, 2]``."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def workload_differences(
+    current: Mapping[str, str | None], baseline: Mapping[str, str | None], baseline_run_id: str
+) -> list[WorkloadDifference]:
+    """The workload fields (see :func:`workload`) where ``baseline`` differs from ``current``;
+    [] = like with like."""
+    return [
+        WorkloadDifference(key, current.get(key), baseline.get(key), baseline_run_id)
+        for key in dict.fromkeys([*current, *baseline])
+        if not _same(current.get(key), baseline.get(key))
+    ]
 
 
 @dataclass
 class RegressionResult:
+    """The verdict. ``status``: ``regression``, ``ok``, or ``incomparable`` (the baseline's
+    workload differs: ``differences`` says how, ``rows`` is empty). ``forced``: judged although
+    the workload differs (``force_baseline``)."""
+
     rows: list[MetricVerdict]
     baseline_label: str
     baseline_run_ids: list[str]
+    differences: list[WorkloadDifference] = field(default_factory=list)
+    forced: bool = False
+
+    @property
+    def incomparable(self) -> bool:
+        return bool(self.differences) and not self.forced
 
     @property
     def regressed(self) -> bool:
-        return any(row.regressed for row in self.rows)
+        return not self.incomparable and any(row.regressed for row in self.rows)
+
+    @property
+    def status(self) -> str:
+        if self.incomparable:
+            return "incomparable"
+        return "regression" if self.regressed else "ok"
+
+    @property
+    def regressed_metrics(self) -> list[str]:
+        return [row.metric for row in self.rows if row.regressed] if not self.incomparable else []
 
     def markdown(self) -> str:
-        return verdict_markdown(self.rows, self.baseline_label)
+        ids = "\n".join(f"- `{run_id}`" for run_id in self.baseline_run_ids)
+        differ = "\n".join(f"- {d.text()} (run `{d.baseline_run_id}`)" for d in self.differences)
+        if self.incomparable:
+            return (
+                "# Regression verdict: incomparable\n\nNo verdict: the baseline's workload differs "
+                f"from this run's (rerun with --force-baseline to judge anyway):\n\n{differ}\n\n"
+                f"Baseline: {self.baseline_label}\n\nBaseline runs:\n\n{ids}\n"
+            )
+        text = verdict_markdown(self.rows, self.baseline_label) + f"\nBaseline runs:\n\n{ids}\n"
+        if self.forced:
+            text += f"\nJudged with --force-baseline although the workload differs:\n\n{differ}\n"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """The ``regression`` entry of the audit's ``--json``."""
+        return {
+            "status": self.status,
+            "regressed": self.regressed,
+            "regressed_metrics": self.regressed_metrics,
+            "baseline": self.baseline_label,
+            "baseline_run_ids": self.baseline_run_ids,
+            "incomparable": [d.to_dict() for d in self.differences] if self.incomparable else [],
+            "forced": self.forced,
+            "rows": [row.to_row() for row in self.rows],
+        }
 
 
 def _quote(value: str) -> str:
@@ -38,20 +167,38 @@ def _quote(value: str) -> str:
 
 def find_baseline(
     tracker: Tracker, run_id: str, tags: Mapping[str, str], cfg: RegressionConfig
-) -> tuple[list[dict[str, float]], list[str], str]:
-    """(metrics of each baseline run, their ids, a label). Empty when no baseline exists yet.
+) -> tuple[list[dict], str]:
+    """(the candidate baseline runs as ``Tracker`` run dicts, a label); [] when none exists.
+
+    A named ``baseline_run_id`` is the one candidate. Otherwise: the finished audits of the same
+    endpoint and model, newest first, up to :data:`_SEARCH_DEPTH` (the caller keeps the last N
+    with the same workload).
 
     Raises:
         LookupError: ``baseline_run_id`` names a run that does not exist.
     """
     if cfg.baseline_run_id:
-        metrics = tracker.run_metrics(cfg.baseline_run_id)
-        return [metrics], [cfg.baseline_run_id], f"run {cfg.baseline_run_id}"
+        return tracker.runs_by_id([cfg.baseline_run_id]), f"run {cfg.baseline_run_id}"
     clauses = ["tags.flow = 'audit'", "attributes.status = 'FINISHED'"]
     clauses += [f"tags.{key} = '{_quote(tags[key])}'" for key in IDENTITY_TAGS if tags.get(key)]
-    runs = tracker.find_runs(" and ".join(clauses), max_results=cfg.baseline_last_n, exclude=run_id)
-    label = f"median of the last {len(runs)} audits of the same endpoint and model"
-    return [r["metrics"] for r in runs], [r["run_id"] for r in runs], label
+    runs = tracker.find_runs(" and ".join(clauses), max_results=_SEARCH_DEPTH, exclude=run_id)
+    return runs, "audits of the same endpoint and model"
+
+
+def choose(
+    current: Mapping[str, str | None], candidates: Sequence[dict], last_n: int, force: bool
+) -> tuple[list[dict], list[WorkloadDifference]]:
+    """(the baseline runs, the workload differences that remain).
+
+    The last ``last_n`` candidates with the current workload; when none has it: the newest
+    candidate's differences, and (``force``) the last ``last_n`` candidates all the same.
+    """
+    alike = [r for r in candidates if not workload_differences(current, workload(r), r["run_id"])]
+    if alike:
+        return alike[:last_n], []
+    newest = candidates[0]
+    differences = workload_differences(current, workload(newest), newest["run_id"])
+    return (list(candidates[:last_n]) if force else [newest]), differences
 
 
 def judge(
@@ -62,24 +209,38 @@ def judge(
     cfg: RegressionConfig,
 ) -> RegressionResult | None:
     """Compare ``current`` with the baseline and record the verdict on ``run_id``: tag
-    ``regression`` = true/false, ``regression.md`` and ``regression.json``. None when there is
-    no baseline yet (the first audit of an endpoint and model)."""
-    baseline_runs, ids, label = find_baseline(tracker, run_id, tags, cfg)
-    if not baseline_runs:
+    ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``regression.md`` and
+    ``regression.json``. The workload of ``run_id`` is read from its logged params and tags.
+    None when there is no baseline yet (the first audit of an endpoint and model).
+
+    Raises:
+        LookupError: ``baseline_run_id`` (or ``run_id``) names a run that does not exist.
+    """
+    candidates, label = find_baseline(tracker, run_id, tags, cfg)
+    if not candidates:
         tracker.set_tags(run_id, {"regression": "no_baseline"})
         return None
-    result = RegressionResult(verdict(current, baseline_runs, cfg.thresholds_pct), label, ids)
+    [mine] = tracker.runs_by_id([run_id])
+    mine["tags"] = {**mine["tags"], **{k: str(v) for k, v in tags.items()}}
+    runs, differences = choose(workload(mine), candidates, cfg.baseline_last_n, cfg.force_baseline)
+    ids = [r["run_id"] for r in runs]
+    if not cfg.baseline_run_id:
+        label = f"median of the last {len(runs)} {label}" + ("" if not differences else " (workload differs)")
+    judged = not differences or cfg.force_baseline
+    result = RegressionResult(
+        verdict(current, [r["metrics"] for r in runs], cfg.thresholds_pct) if judged else [],
+        label,
+        ids,
+        differences,
+        bool(differences) and cfg.force_baseline,
+    )
     tracker.set_tags(
         run_id,
         {
-            "regression": str(result.regressed).lower(),
+            "regression": "incomparable" if result.incomparable else str(result.regressed).lower(),
             "baseline_run_ids": ",".join(ids)[:5000],
         },
     )
     tracker.log_text(run_id, result.markdown(), "regression.md")
-    tracker.log_dict(
-        run_id,
-        {"baseline": label, "baseline_run_ids": ids, "rows": [row.to_row() for row in result.rows]},
-        "regression.json",
-    )
+    tracker.log_dict(run_id, result.to_dict(), "regression.json")
     return result

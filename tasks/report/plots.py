@@ -74,6 +74,32 @@ def level_histograms(level: dict[str, Any], path: str | Path, bins: int = 40) ->
 
 def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
     """p50 / p99 latencies and output tokens/s against max_concurrency, a line per rate."""
+    return _save(load_curves_figure(levels), path)
+
+
+def _grid(panels: int) -> tuple[Any, list[Any]]:
+    """A figure of ``panels`` charts, at most 3 a row, each about 4.6 x 3.4 inches (readable
+    in MLflow's artifact viewer, which scales a PNG to its pane's width); unused cells hidden."""
+    columns = min(3, panels)
+    rows = -(-panels // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.4 * rows), squeeze=False)
+    flat = list(axes.flat)
+    for ax in flat[panels:]:
+        ax.set_visible(False)
+    return fig, flat[:panels]
+
+
+def _concurrency_axis(ax: Any, values: Sequence[int]) -> None:
+    """A linear x axis ticked at the concurrency levels run, written as numbers (1, 4, 16)."""
+    ticks = sorted(set(values))
+    ax.set_xscale("linear")
+    ax.set_xticks(ticks, [str(t) for t in ticks])
+    ax.set_xlabel("max_concurrency")
+
+
+def load_curves_figure(levels: Sequence[dict[str, Any]]) -> Any:
+    """The figure of :func:`load_curves`: a panel per latency (y from 0) and one for tokens/s,
+    against max_concurrency on a linear axis ticked at the levels."""
     rows = [
         {
             "max_concurrency": lv["max_concurrency"],
@@ -92,7 +118,7 @@ def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
         ("tpot_ms", "TPOT [ms]"),
         ("e2e_ms", "E2E [ms]"),
     ]
-    fig, axes = plt.subplots(1, 5, figsize=(20, 3.8))
+    fig, axes = _grid(5)
     for k, ((rate,), group) in enumerate(frame.group_by(["rate"], maintain_order=True)):
         x, color = group["max_concurrency"].to_list(), f"C{k}"
         for ax, (name, label) in zip(axes, panels):
@@ -109,11 +135,11 @@ def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
         axes[4].plot(x, group["output_tokens_per_s"].to_list(), marker="o", color=color, label=f"rate={rate}")
     axes[4].set_ylabel("output tokens/s")
     for ax in axes:
-        ax.set_xlabel("max_concurrency")
-        ax.set_xscale("log", base=2)
+        _concurrency_axis(ax, frame["max_concurrency"].to_list())
+        ax.set_ylim(bottom=0)
         ax.legend(fontsize=7)
     fig.tight_layout()
-    return _save(fig, path)
+    return fig
 
 
 _CURVE_KEYS = (
@@ -132,7 +158,7 @@ _CURVE_KEYS = (
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
     return path
 
@@ -179,7 +205,7 @@ def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> 
         ("ttft_ms_mean", "TTFT mean [ms]"),
         ("e2e_ms_mean", "E2E mean [ms]"),
     ]
-    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8))
+    fig, axes = _grid(len(panels))
     for label, group in groups.items():
         group = sorted(group, key=lambda p: p["temperature"])
         for ax, (key, _) in zip(axes, panels):
@@ -192,6 +218,7 @@ def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> 
     for ax, (_, name) in zip(axes, panels):
         ax.set_xlabel("temperature")
         ax.set_ylabel(name)
+        ax.set_ylim(bottom=0)  # fractions and times: read from 0
         if not groups:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
     if groups:

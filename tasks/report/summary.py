@@ -52,13 +52,22 @@ def _table_row(settings: list[Any], values: dict[str, Any], columns: tuple[str, 
     return "| " + " | ".join(cells) + " |"
 
 
-def summary_markdown(stages: dict[str, dict], errors: dict[str, str], endpoint_kind: str | None) -> str:
-    """A short human summary: headline table, per-level stream table, sweep table, caveats."""
-    lines = ["# infermeter audit", ""]
+def summary_markdown(
+    stages: dict[str, dict],
+    errors: dict[str, str],
+    endpoint_kind: str | None,
+    title: str = "infermeter audit",
+) -> str:
+    """A short human summary: ``# title``, headline table, per-level stream table, sweep table
+    (with each point's determinism note), caveats."""
+    lines = [f"# {title}", ""]
     if errors:
         lines += ["## Failed stages", ""] + [f"- **{k}**: {v}" for k, v in errors.items()] + [""]
     lines += ["## Headline", "", "| metric | value |", "| --- | --- |"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in headline(stages).items()]
+    verdict = (stages.get("profile") or {}).get("decode_verdict")
+    if verdict:  # issue 12: the roofline of the profile's first point (profiled apart)
+        lines += ["", "## Roofline (local profile)", "", f"- {verdict}"]
     stream = stages.get("stream")
     if stream:
         columns = metrics.SUMMARY_COLUMNS["stream"]
@@ -76,6 +85,10 @@ def summary_markdown(stages: dict[str, dict], errors: dict[str, str], endpoint_k
         lines += ["", "## Sampling sweep", ""] + _table_head(("temperature", "top_p", *columns))
         for p in sweep["points"]:
             lines.append(_table_row([p["temperature"], p["top_p"]], p, columns))
+        notes = [p for p in sweep["points"] if p.get("determinism_note")]
+        lines += [""] * bool(notes) + [
+            f"- T={p['temperature']} top_p={p['top_p']}: {p['determinism_note']}" for p in notes
+        ]
     caveats = {"llama.cpp": CAVEATS, "vllm": VLLM_CAVEATS}.get(endpoint_kind, CAVEATS[:1])
     lines += ["", "## Read with care", ""] + [f"- {c}" for c in caveats]
     return "\n".join(lines) + "\n"

@@ -50,8 +50,13 @@ def build_request(
     max_tokens: int,
     sampling: dict[str, Any] | None = None,
     extra_body: dict[str, Any] | None = None,
+    api: str = "chat",
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.chat.completions.create`` (streaming, usage asked).
+
+    ``api="completions"``: for ``client.completions.create`` (``/completions``): the prompt
+    goes as ``prompt`` (no chat template) and the limit as ``max_tokens`` (the only name that
+    endpoint knows); the rest is the same.
 
     ``max_completion_tokens`` is the current OpenAI name; ``max_tokens`` goes too (through
     ``extra_body``) for servers that know only that one. ``temperature``, ``top_p`` and
@@ -69,12 +74,20 @@ def build_request(
         else:
             body[key] = value
     body.update(extra_body or {})
+    if api == "completions":
+        limit = {"max_tokens": body.pop("max_tokens")}
+        text = {"prompt": prompt}
+    else:
+        limit, text = (
+            {"max_completion_tokens": max_tokens},
+            {"messages": [{"role": "user", "content": prompt}]},
+        )
     return {
         "model": model,
-        "messages": [{"role": "user", "content": prompt}],
+        **text,
         "stream": True,
         "stream_options": {"include_usage": True},
-        "max_completion_tokens": max_tokens,
+        **limit,
         "extra_body": body,
         **kwargs,
     }
@@ -96,6 +109,7 @@ class SSEClient:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key or "no-key"
         self.url = f"{self.base_url}/chat/completions"
+        self.completions_url = f"{self.base_url}/completions"
         self.headers = {
             "Authorization": f"Bearer {self.api_key}",
             "Content-Type": "application/json",
@@ -141,6 +155,7 @@ async def stream_chat(
     input_tokens: int | None = None,
     extra_body: dict[str, Any] | None = None,
     api_key_env: str | None = None,
+    api: str = "chat",
 ) -> RequestRecord:
     """Send one streaming chat request and measure it (see the module docstring).
 
@@ -152,24 +167,28 @@ async def stream_chat(
 
     ``input_tokens``: the caller's count of the prompt; when None, the server's
     ``usage.prompt_tokens`` if it sends one.
+
+    ``api``: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``, text
+    from ``choices[].text``); the same definitions and error classes.
     """
     kwargs = build_request(
-        model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling, extra_body=extra_body
+        model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling, extra_body=extra_body, api=api
     )
     state = new_state()
     failure: BaseException | None = None
     perf = time.perf_counter_ns
     if isinstance(client, SSEClient):
         client.session()  # made before the clock starts
+        url = client.completions_url if api == "completions" else client.url
         send_ns = perf()
         try:
-            await receive_sse(client.session(), client.url, client.headers, kwargs, state)
+            await receive_sse(client.session(), url, client.headers, kwargs, state)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     else:
         # Resolved before the clock starts: the first access imports the client's resource
         # modules (~0.1 s), which is not the endpoint's latency.
-        create = client.chat.completions.create
+        create = client.completions.create if api == "completions" else client.chat.completions.create
         send_ns = perf()
         try:
             await receive_openai(create, kwargs, state)

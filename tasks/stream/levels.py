@@ -194,23 +194,37 @@ def _level_metrics(
             metrics.get("ttft_ms_mean_client_minus_server"),
             metrics.get("e2e_ms_mean_client_minus_server"),
         )
-    short = stats.count_short_outputs(result.measured, settings.max_tokens)
+    short = sum(  # each request against its own max_tokens (a dataset's per-request lengths)
+        stats.count_short_outputs([r], settings.max_tokens_at(settings.prompt_index(r.request_id)))
+        for r in result.measured
+    )
     metrics["num_short_outputs"] = short
     if short and settings.ignore_eos:
         logger.warning(
-            "level %d: %d of %d requests returned fewer than %d output tokens "
+            "level %d: %d of %d requests returned fewer output tokens than asked (%s) "
             "although ignore_eos was sent (the server may not take it)",
             index,
             short,
             len(result.measured),
-            settings.max_tokens,
+            "per request" if settings.output_lens else settings.max_tokens,
         )
     if metrics.get("client_bound"):
+        lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)
         logger.warning(
-            "level %d is client-bound: the client's event-loop lag p99 is %.2f ms "
-            "(> %.2f ms); its latencies describe the client, not the server",
+            "level %d is client-bound: the client's event-loop lag p99 is %s ms "
+            "(> %s ms); its latencies describe the client, not the server",
             index,
-            metrics["client_loop_lag_ms_p99"],
-            settings.lag_tolerance_ms,
+            lag_text,
+            limit_text,
         )
     return metrics
+
+
+def distinct_texts(value: float, limit: float) -> tuple[str, str]:
+    """``value`` and ``limit`` with two decimals, or as many more (up to 9) as it takes for
+    them to read differently: a warning must never say "1.00 ms (> 1.00 ms)"."""
+    for decimals in range(2, 10):
+        texts = f"{value:.{decimals}f}", f"{limit:.{decimals}f}"
+        if texts[0] != texts[1]:
+            break
+    return texts

@@ -112,6 +112,11 @@ async def run_level(
 
     Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured).
 
+    ``settings.duration_s`` bounds the sending: a measured request whose arrival, or whose turn
+    at the semaphore, comes ``duration_s`` or more after the first measured arrival is not sent
+    (vLLM and guidellm bound a level the same way: requests in flight finish and count). The
+    level's ``wall_s`` still runs to the last completion.
+
     Raises:
         ValueError: max_concurrency < 1, no prompts, or a rate / burstiness not > 0.
     """
@@ -125,13 +130,13 @@ async def run_level(
     result = LevelResult(level=s.level, max_concurrency=s.max_concurrency, request_rate=s.request_rate)
     common = {
         "model": s.model,
-        "max_tokens": s.max_tokens,
         "count_tokens": count_tokens,
         "sampling": s.sampling,
         "level": s.level,
         "max_concurrency": s.max_concurrency,
         "extra_body": s.extra_body,
         "api_key_env": s.api_key_env,
+        "api": s.api,
     }
 
     def keep(record: RequestRecord) -> RequestRecord:
@@ -147,6 +152,7 @@ async def run_level(
             request_id=f"l{s.level}-w{i}",
             warmup=True,
             input_tokens=_input_tokens(s.prompt_tokens, i),
+            max_tokens=s.max_tokens_at(i),
             **common,
         )
         result.records.append(keep(record))
@@ -157,13 +163,18 @@ async def run_level(
     done_ns: list[int] = []
     measured: list[RequestRecord] = []
 
+    deadline = None  # perf_counter() after which no measured request is sent (duration_s)
+
     async def one(i: int) -> None:
         async with gate:
+            if deadline is not None and time.perf_counter() >= deadline:
+                return  # queued behind the semaphore past the level's time: not sent
             record = await stream_chat(
                 client,
                 prompt=s.prompts[(s.warmup + i) % len(s.prompts)],
                 request_id=f"l{s.level}-r{i}",
                 input_tokens=_input_tokens(s.prompt_tokens, s.warmup + i),
+                max_tokens=s.max_tokens_at(s.warmup + i),
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
@@ -171,8 +182,12 @@ async def run_level(
 
     async with LoopLagProbe() as probe:
         start = time.perf_counter() if start_at is None else start_at
+        if s.duration_s is not None:
+            deadline = start + s.duration_s
         tasks = []
         for i in mine:
+            if deadline is not None and start + offsets[i] >= deadline:
+                break  # arrivals are in time order: every later one is past the deadline too
             delay = start + offsets[i] - time.perf_counter()
             if delay > 0:
                 await asyncio.sleep(delay)

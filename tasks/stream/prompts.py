@@ -114,8 +114,11 @@ def synthetic_prompts(
 
 def stage_prompts(cfg: StreamConfig, tokenizer: Any) -> tuple[list[str], list[int] | None]:
     """The stream stage's prompts and their token counts: synthetic (``cfg.input_len``, one per
-    warm-up and measured request, from ``cfg.seed``) or the configured ones (counts left to the
-    server's usage)."""
+    warm-up and measured request, from ``cfg.seed``) or the configured ones, counted by the
+    tokenizer like the synthetic ones (without special tokens or the chat template), so the
+    records' ``input_tokens`` and the levels' ``input_tokens_total`` / ``total_tokens_per_s``
+    are filled for text prompts too."""
     if cfg.input_len:
         return synthetic_prompts(tokenizer, cfg.input_len, cfg.num_requests + cfg.warmup, cfg.seed)
-    return list(cfg.prompts), None
+    prompts = list(cfg.prompts)
+    return prompts, [len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts]

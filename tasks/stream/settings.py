@@ -42,6 +42,13 @@ class LevelSettings:
         extra_body: extra request-body fields (``{"ignore_eos": True}``), or None.
         api_key_env: the NAME of the key's variable, for the message of a 401/403.
         lag_tolerance_ms: the client-bound threshold on the event-loop lag's p99 (ms).
+        duration_s: None, or the seconds of sending: no measured request is sent once this
+            long has passed since the first measured arrival (those in flight finish and
+            count); ``num_requests`` still caps the level, whichever comes first.
+        api: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``).
+        output_lens: optional ``max_tokens`` per prompt (parallel to ``prompts``; a dataset's
+            per-request output lengths, sent with ``ignore_eos``; a None entry and None =
+            ``max_tokens``).
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
     them as read-only.
@@ -62,11 +69,28 @@ class LevelSettings:
     extra_body: dict[str, Any] | None = None
     api_key_env: str | None = None
     lag_tolerance_ms: float = 1.0
+    duration_s: float | None = None
+    api: str = "chat"
+    output_lens: tuple[int | None, ...] | None = None
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
         if self.prompt_tokens is not None:
             object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
+        if self.output_lens is not None:
+            object.__setattr__(self, "output_lens", tuple(self.output_lens))
+
+    def max_tokens_at(self, index: int) -> int:
+        """``max_tokens`` of the request on prompt ``index`` (round-robin, as the prompts)."""
+        if not self.output_lens:
+            return self.max_tokens
+        return self.output_lens[index % len(self.output_lens)] or self.max_tokens
+
+    def prompt_index(self, request_id: str) -> int:
+        """The prompt index of a request id (``l{level}-w{i}`` -> i, ``l{level}-r{i}`` ->
+        warmup + i), the inverse of :func:`tasks.stream.load.run_level`'s numbering."""
+        kind, number = request_id.rsplit("-", 1)[1][0], int(request_id.rsplit("-", 1)[1][1:])
+        return number if kind == "w" else self.warmup + number
 
     @property
     def ignore_eos(self) -> bool:
@@ -121,8 +145,12 @@ def settings_from_config(
     endpoint: Endpoint,
     prompts: Sequence[str],
     prompt_tokens: Sequence[int | None] | None = None,
+    output_lens: Sequence[int | None] | None = None,
 ) -> list[LevelSettings]:
     """The stream stage's levels: ``cfg.max_concurrency`` x ``cfg.request_rate``.
+
+    ``output_lens``: a dataset's ``max_tokens`` per prompt (``tasks.stream.datasets``); with
+    them ``ignore_eos`` is sent, so each request produces its row's length.
 
     ``max_tokens`` is ``cfg.output_len`` when set (then ``ignore_eos`` is sent, as with
     ``cfg.ignore_eos``), else ``cfg.max_tokens``; sampling is ``cfg.temperature``; the prompts
@@ -138,8 +166,11 @@ def settings_from_config(
         burstiness=cfg.burstiness,
         seed=cfg.seed,
         sampling={"temperature": cfg.temperature},
-        extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len) else None,
+        extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len or output_lens) else None,
         api_key_env=endpoint.api_key_env,
         lag_tolerance_ms=cfg.client_bound_tolerance_ms,
+        duration_s=cfg.duration_s,
+        api=cfg.api,
+        output_lens=None if not output_lens else tuple(output_lens),
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

@@ -5,7 +5,8 @@
 ``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
 (``time.perf_counter_ns()``) and texts of the text-carrying chunks, the final usage, the chunk
 count, the finish reason, and whether the stream was open. A text-carrying chunk is defined in
-:mod:`tasks.stream.client`'s docstring; the record is built from the state there.
+:mod:`tasks.stream.client`'s docstring (for ``/completions``: a choice whose ``text`` is not
+empty); the record is built from the state there.
 
 Separate from :mod:`tasks.stream.client` because this is the hot path and nothing else: inside
 the receive loops there is only a clock read, the text lookup and list appends: no logging, no
@@ -142,10 +143,15 @@ async def receive_sse(
                     choices = event.get("choices") if isinstance(event, dict) else None
                     if choices:
                         choice = choices[0]
-                        delta = choice.get("delta") or {}
-                        text = (
-                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                        )
+                        delta = choice.get("delta")
+                        if delta:
+                            text = (
+                                delta.get("content")
+                                or delta.get("reasoning_content")
+                                or delta.get("reasoning")
+                            )
+                        else:  # /completions: choices[].text
+                            text = choice.get("text")
                         if text and isinstance(text, str):
                             arrivals.append(now_ns)
                             parts.append(text)
@@ -183,8 +189,8 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
             choices = chunk.choices
             if choices:
                 choice = choices[0]
-                delta = choice.delta
-                text = delta.content if delta is not None else None
+                delta = getattr(choice, "delta", None)  # a /completions choice has .text instead
+                text = delta.content if delta is not None else getattr(choice, "text", None)
                 if not text and delta is not None:
                     extra = delta.model_extra
                     if extra:

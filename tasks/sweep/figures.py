@@ -8,6 +8,11 @@
 - output length (tokens) mean and standard deviation, TTFT and E2E means (ms).
 - ``determinism_violated``: the parameters ask for deterministic output (temperature 0, or
   top_k 1) but the samples differ, a sign the server ignores sampling parameters.
+- ``determinism_note``: a deterministic point whose warm-up (the first, cold request) gave
+  another output than its warm samples, which agree with each other. llama.cpp reuses the
+  longest common prompt prefix from its cache, and a cold prefill and one that reuses the cached
+  prompt give slightly different logits (measured on the embedded server: the cold request's
+  TTFT 163 ms against 35 ms warm, and its greedy text differed); the samples are judged warm.
 """
 
 from __future__ import annotations
@@ -44,6 +49,8 @@ class PointResult:
     records: list[RequestRecord] = field(default_factory=list)
     metrics: dict[str, float | int | None] = field(default_factory=dict)
     error_class: str | None = None
+    warmup: RequestRecord | None = None
+    determinism_note: str | None = None
 
     @property
     def failed(self) -> bool:
@@ -51,19 +58,46 @@ class PointResult:
 
     def sample_rows(self) -> list[dict[str, Any]]:
         """One row per sample: index, seed, text, token count, TTFT / E2E (ms), error."""
-        return [
-            {
-                "sample": i,
-                "seed": self.point.seed + i,
-                "output_text": r.output_text,
-                "output_tokens": r.output_tokens,
-                "ttft_ms": r.ttft_ms,
-                "e2e_ms": r.e2e_ms,
-                "error_class": r.error_class,
-                "error_message": r.error_message,
-            }
-            for i, r in enumerate(self.records)
-        ]
+        return [_row(i, self.point.seed + i, r) for i, r in enumerate(self.records)]
+
+    def warmup_row(self) -> dict[str, Any] | None:
+        """The warm-up request as a sample row (``sample`` None; seed = the point's); None when
+        the point had none."""
+        return None if self.warmup is None else _row(None, self.point.seed, self.warmup)
+
+
+def _row(index: int | None, seed: int, r: RequestRecord) -> dict[str, Any]:
+    return {
+        "sample": index,
+        "seed": seed,
+        "output_text": r.output_text,
+        "output_tokens": r.output_tokens,
+        "ttft_ms": r.ttft_ms,
+        "e2e_ms": r.e2e_ms,
+        "error_class": r.error_class,
+        "error_message": r.error_message,
+    }
+
+
+#: The note a point gets when its cold warm-up and its (agreeing) warm samples differ.
+COLD_WARM_NOTE = (
+    "the warm-up (cold) output differs from the warm samples, which agree with each other: the "
+    "server's prompt cache changes the numerics (a cold prefill and one that reuses the cached "
+    "prompt give slightly different logits), not the sampler; the samples are judged warm"
+)
+
+
+def determinism_note(
+    point: SweepPoint, records: Sequence[RequestRecord], warmup: RequestRecord | None
+) -> str | None:
+    """:data:`COLD_WARM_NOTE` when ``point`` expects determinism, its warm-up succeeded and
+    its successful samples all agree on an output other than the warm-up's; else None."""
+    if warmup is None or warmup.error_class is not None or not point.expects_determinism():
+        return None
+    texts = {r.output_text for r in records if r.error_class is None}
+    if len(texts) != 1 or texts == {warmup.output_text}:
+        return None
+    return COLD_WARM_NOTE
 
 
 def point_metrics(
@@ -92,8 +126,15 @@ def point_metrics(
 
 
 def finish_point(
-    point: SweepPoint, records: list[RequestRecord], encode: Callable[[str], list[int]]
+    point: SweepPoint,
+    records: list[RequestRecord],
+    encode: Callable[[str], list[int]],
+    warmup: RequestRecord | None = None,
 ) -> PointResult:
+    """The point's result from its sample records; ``warmup`` (the request made before them) is
+    kept beside the figures, never in them (a failed warm-up does not fail the point)."""
     classes = Counter(r.error_class for r in records if r.error_class is not None)
     error_class = classes.most_common(1)[0][0] if classes else None
-    return PointResult(point, records, point_metrics(point, records, encode), error_class)
+    metrics = point_metrics(point, records, encode)
+    note = determinism_note(point, records, warmup)
+    return PointResult(point, records, metrics, error_class, warmup, note)

@@ -74,6 +74,17 @@ class _SeededSampler:
         return forced.scatter(1, chosen, 0.0)
 
 
+def chat_input_ids(tokenizer, prompt: str):
+    """The prompt as the model sees it: LongTensor [1, N] of the one-user-message chat template
+    with the generation prompt, or the plain prompt's ids when the tokenizer has no template."""
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "user", "content": prompt}]
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
+        )["input_ids"]
+    return tokenizer(prompt, return_tensors="pt")["input_ids"]
+
+
 def run_point_local(
     model,
     tokenizer,
@@ -97,14 +108,7 @@ def run_point_local(
     import torch
     from transformers import LogitsProcessorList
 
-    messages = [{"role": "user", "content": prompt}]
-    if getattr(tokenizer, "chat_template", None):
-        input_ids = tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, return_tensors="pt", return_dict=True
-        )["input_ids"]
-    else:
-        input_ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
-    input_ids = input_ids.to(model.device)
+    input_ids = chat_input_ids(tokenizer, prompt).to(model.device)
     sample = point.temperature > 0
     defaults = model.generation_config
     top_k = point.top_k if point.top_k is not None else defaults.top_k

@@ -25,15 +25,21 @@ async def run_points(
     api_key_env: str | None = None,
     on_point: Callable[[PointResult], Awaitable[None] | None] | None = None,
     key: Callable[[SweepPoint], str] = SweepPoint.key,
+    warmup: int = 1,
 ) -> list[PointResult]:
     """Run every point's samples concurrently, at most ``max_concurrency`` requests in flight
     across the whole sweep (sample i of a point with seed + i). ``on_point`` is called (and
     awaited, when it returns an awaitable) as each point finishes; results come back in the
     order of ``points``. A request that fails becomes a record with its error class.
+
+    ``warmup`` (0 or 1): a point first sends one request with sample 0's parameters, waits for
+    it, then sends its samples; that record is the result's ``warmup``, outside the figures (as
+    the stream stage's warm-ups), and a deterministic point notes when its cold output differs
+    from the warm samples (:func:`tasks.sweep.figures.determinism_note`).
     """
     gate = asyncio.Semaphore(max_concurrency)
 
-    async def one(point: SweepPoint, i: int) -> RequestRecord:
+    async def one(point: SweepPoint, i: int, request_id: str | None = None) -> RequestRecord:
         async with gate:
             return await stream_chat(
                 client,
@@ -42,14 +48,15 @@ async def run_points(
                 max_tokens=point.max_tokens,
                 count_tokens=count_tokens,
                 sampling=point.sampling(i),
-                request_id=f"{key(point)}-{i}",
+                request_id=request_id or f"{key(point)}-{i}",
                 max_concurrency=max_concurrency,
                 api_key_env=api_key_env,
             )
 
     async def whole(point: SweepPoint) -> PointResult:
+        cold = await one(point, 0, f"{key(point)}-warmup") if warmup else None
         records = list(await asyncio.gather(*(one(point, i) for i in range(samples))))
-        result = finish_point(point, records, encode)
+        result = finish_point(point, records, encode, cold)
         if on_point is not None:
             maybe = on_point(result)
             if asyncio.iscoroutine(maybe):

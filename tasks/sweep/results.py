@@ -33,6 +33,9 @@ class PointOutcome:
         samples: one row per sample (``PointResult.sample_rows``).
         figures: the :data:`SWEEP_METRICS` values (None where missing).
         mlflow_run_id: the point's child run (None when not tracked).
+        warmup: the warm-up request as a sample row (None: none made, or skipped on resume).
+        determinism_note: why a deterministic point's cold output differed from its warm
+            samples (``tasks.sweep.figures.determinism_note``), else None.
     """
 
     point: SweepPoint
@@ -42,6 +45,8 @@ class PointOutcome:
     samples: list[dict[str, Any]]
     figures: dict[str, Any]
     mlflow_run_id: str | None
+    warmup: dict[str, Any] | None = None
+    determinism_note: str | None = None
 
     @classmethod
     def measured(cls, result: PointResult, key: str, run_id: str | None) -> PointOutcome:
@@ -54,6 +59,8 @@ class PointOutcome:
             result.sample_rows(),
             {k: result.metrics.get(k) for k in SWEEP_METRICS},
             run_id,
+            result.warmup_row(),
+            result.determinism_note,
         )
 
     @classmethod
@@ -64,21 +71,27 @@ class PointOutcome:
         run_id: str,
         metrics: Mapping[str, float],
         samples: list[dict[str, Any]],
+        determinism_note: str | None = None,
     ) -> PointOutcome:
-        """A point found FINISHED in an earlier run: its logged ``metrics`` (counts as ints)
-        and ``samples`` read back from run ``run_id``."""
-        return cls(point, key, "skipped", None, samples, prior_figures(metrics), run_id)
+        """A point found FINISHED in an earlier run: its logged ``metrics`` (counts as ints),
+        ``samples`` and ``determinism_note`` (its tag) read back from run ``run_id``."""
+        return cls(
+            point, key, "skipped", None, samples, prior_figures(metrics), run_id, None, determinism_note
+        )
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON entry: the point's params, ``point_key``, ``status``, ``error_class``,
-        ``samples``, the :data:`SWEEP_METRICS` figures, ``mlflow_run_id``."""
+        ``samples``, ``warmup``, the :data:`SWEEP_METRICS` figures, ``determinism_note``,
+        ``mlflow_run_id``."""
         return {
             **self.point.params(),
             "point_key": self.point_key,
             "status": self.status,
             "error_class": self.error_class,
             "samples": self.samples,
+            "warmup": self.warmup,
             **{k: self.figures.get(k) for k in SWEEP_METRICS},
+            "determinism_note": self.determinism_note,
             "mlflow_run_id": self.mlflow_run_id,
         }
 
@@ -117,7 +130,12 @@ def collect_outcomes(
             prior = done[p]
             out.append(
                 PointOutcome.skipped(
-                    p, keys[p], prior["run_id"], prior["metrics"], load_samples(prior["run_id"])
+                    p,
+                    keys[p],
+                    prior["run_id"],
+                    prior["metrics"],
+                    load_samples(prior["run_id"]),
+                    (prior.get("tags") or {}).get("determinism_note"),
                 )
             )
         else:

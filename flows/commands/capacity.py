@@ -1,0 +1,167 @@
+"""`infermeter capacity`: the highest request rate an endpoint serves within its SLOs.
+
+Builds a ``CapacityFlowConfig`` from YAML (``--config``) and the flags, checks what can be
+checked before any request (exit 2, one line: no SLO, a bad endpoint or dataset), runs the flow
+(``flows.capacity``), writes ``--json`` (``{"capacity": CapacityResult.to_dict(), "levels":
+[...], "mlflow_run_id"}``) and prints one row per level, then the capacity, its bracket, why the
+search stopped and why the last failing level failed.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.commands.common import (
+    JsonOption,
+    NoTrackOption,
+    apply_overrides,
+    check_embedded_engine,
+    fail_input,
+    load_or_fail,
+    parse_slos,
+    run_flow,
+)
+from flows.commands.stream import _check_endpoint
+from flows.commands.tables import console, fmt_value, make_table, print_run_links
+from flows.commands.workload import check_dataset
+from tasks.config import CapacityFlowConfig
+
+
+def command(
+    goodput: Annotated[
+        Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50 (required here or in --config).")
+    ] = None,
+    target: Annotated[
+        Optional[float], typer.Option(help="Goodput fraction a rate must reach (default 0.95).")
+    ] = None,
+    max_levels: Annotated[
+        Optional[int], typer.Option(help="Most levels in all, synchronous and saturation included.")
+    ] = None,
+    tolerance_pct: Annotated[
+        Optional[float], typer.Option(help="Stop when the bracket is within this % (default 5).")
+    ] = None,
+    base_url: Annotated[
+        Optional[str], typer.Option(help="OpenAI-compatible base URL (…/v1); none = the embedded server.")
+    ] = None,
+    engine: Annotated[
+        Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")
+    ] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name sent (required with --base-url).")] = None,
+    api_key_env: Annotated[
+        Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")
+    ] = None,
+    tokenizer: Annotated[
+        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
+    ] = None,
+    api: Annotated[Optional[str], typer.Option(help="chat (default) or completions.")] = None,
+    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level.")] = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request.")] = None,
+    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many tokens.")] = None,
+    output_len: Annotated[
+        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
+    ] = None,
+    dataset: Annotated[
+        Optional[str], typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH.")
+    ] = None,
+    burstiness: Annotated[
+        Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")
+    ] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals, prompts, dataset order.")] = None,
+    client_processes: Annotated[Optional[int], typer.Option(help="Client processes per level.")] = None,
+    client_bound_tolerance_ms: Annotated[
+        Optional[float], typer.Option(help="Client-bound above this event-loop lag p99 (ms, default 1).")
+    ] = None,
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (CapacityFlowConfig).")] = None,
+    json_path: JsonOption = None,
+    no_track: NoTrackOption = False,
+) -> None:
+    """Search the highest request rate whose goodput fraction meets the target."""
+    cfg = load_or_fail(config, CapacityFlowConfig)
+    cfg = apply_overrides(
+        cfg, "capacity", {"target": target, "max_levels": max_levels, "tolerance_pct": tolerance_pct}
+    )
+    cfg = apply_overrides(
+        cfg,
+        "endpoint",
+        {"base_url": base_url, "model": model, "api_key_env": api_key_env, "tokenizer": tokenizer},
+    )
+    cfg = apply_overrides(cfg, "server", {"engine": engine})
+    cfg = apply_overrides(
+        cfg,
+        "stream",
+        {
+            "goodput": parse_slos(goodput),
+            "api": api,
+            "num_requests": num_requests,
+            "warmup": warmup,
+            "max_tokens": max_tokens,
+            "input_len": input_len,
+            "output_len": output_len,
+            "dataset": dataset,
+            "burstiness": burstiness,
+            "seed": seed,
+            "client_processes": client_processes,
+            "client_bound_tolerance_ms": client_bound_tolerance_ms,
+        },
+    )
+    if not cfg.stream.goodput:
+        fail_input("--goodput: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
+    check_dataset(cfg.stream, input_len)
+    _check_endpoint(cfg)
+    check_embedded_engine(cfg)
+
+    from flows.capacity import capacity
+
+    _, result = run_flow(
+        "capacity", capacity, cfg, track=not no_track, json_path=json_path, json_keys=("capacity", "levels")
+    )
+    if result["capacity"]:
+        print_capacity(result["capacity"])
+    print_run_links(result)
+    if result["error"]:
+        typer.echo(f"capacity failed: {result['error']}", err=True)
+        raise typer.Exit(1)
+
+
+def print_capacity(capacity: dict) -> None:
+    """One row per level, then the answer and why the search stopped."""
+    from tasks.report.plots import rate_label
+
+    columns = [
+        ("goodput_fraction", "goodput\nfraction"),
+        ("requests_per_s", "req/s"),
+        ("output_tokens_per_s", "tok/s"),
+        ("ttft_ms_p99", "TTFT\np99"),
+        ("tpot_ms_p99", "TPOT\np99"),
+        ("num_errors", "errors"),
+        ("client_loop_lag_ms_p99", "lag\np99"),
+    ]
+    table = make_table(
+        "infermeter capacity (ms)",
+        [(title, "right") for title in ("level", "rate", "conc", *(t for _, t in columns))],
+        compact=True,
+    )
+    table.add_column("pass", no_wrap=True)
+    for lv in capacity["levels"]:
+        m = lv["metrics"]
+        table.add_row(
+            {"synchronous": "sync", "saturation": "saturate"}.get(lv["kind"], lv["kind"]),
+            rate_label(lv["request_rate"]),
+            str(lv["max_concurrency"]),
+            *(fmt_value(m.get(key)) for key, _ in columns),
+            "yes" if lv["passed"] else "NO",
+        )
+    console.print(table)
+    rate, tokens = capacity["capacity_requests_per_s"], capacity["capacity_output_tokens_per_s"]
+    console.print(
+        f"capacity: {fmt_value(rate)} req/s, {fmt_value(tokens)} output tokens/s; bracket "
+        f"{capacity['bracket_requests_per_s']} req/s",
+        highlight=False,
+    )
+    console.print(f"stopped: {capacity['stop_reason']}", highlight=False)
+    if capacity["last_failure"]:
+        console.print(f"last failing level: {capacity['last_failure']}", highlight=False)

@@ -1,0 +1,220 @@
+"""Pre-flight of a remote endpoint: one cheap check before the first level, so a wrong setting
+fails in seconds with one line naming the setting and the fix, not after every request of
+every level has failed.
+
+Used by every command whose stages talk to an endpoint (``stream``, ``sweep``, ``audit``).
+Standard library only (urllib): no client library, no event loop.
+
+The checks, in order (:func:`check_endpoint`):
+
+1. TCP: something accepts connections at the host and port (refused / no answer in
+   ``timeout_s``) -> ``base_url``.
+2. ``GET {base_url}/models`` (OpenAI, vLLM, llama.cpp, SGLang, TGI serve it): 401/403 ->
+   ``api_key_env``; 200 with a model list that lacks the model -> ``model`` (naming what it
+   serves).
+3. When ``/models`` did not settle it (404: a server without the route, or a base URL without
+   ``/v1``): ``POST {base_url}/chat/completions`` with one output token, read to the status
+   line only: 404 -> ``base_url`` (suggesting ``/v1`` when it is missing) or ``model`` (when
+   the server says the model does not exist), 401/403 -> ``api_key_env``.
+
+Any other answer (5xx, 400, 429, a slow server) is left to the run, which records it per
+request: pre-flight only stops settings that can never work.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.error
+import urllib.request
+from urllib.parse import urlsplit
+
+__all__ = ["PreflightError", "check_endpoint", "check_reachable"]
+
+
+class PreflightError(Exception):
+    """A setting that cannot work. ``setting``: ``base_url``, ``model`` or ``api_key_env``;
+    ``message``: what is wrong and the fix, without the setting's name (the caller names it as
+    the user wrote it: ``--base-url`` or ``endpoint.base_url``)."""
+
+    def __init__(self, setting: str, message: str) -> None:
+        super().__init__(f"{setting}: {message}")
+        self.setting = setting
+        self.message = message
+
+
+def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
+    """Something accepts a TCP connection at ``base_url``'s host and port.
+
+    Raises:
+        PreflightError: (``base_url``) refused, DNS failure, or no answer in ``timeout_s``.
+    """
+    url = urlsplit(base_url)
+    port = url.port or (443 if url.scheme == "https" else 80)
+    try:
+        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+    except TimeoutError:
+        raise PreflightError(
+            "base_url",
+            f"{url.hostname}:{port} does not answer (timed out after {timeout_s:g} s); "
+            "check the host and port, and that the server is up",
+        ) from None
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise PreflightError(
+            "base_url",
+            f"nothing accepts connections at {url.hostname}:{port} ({reason}); start the server or fix the URL",
+        ) from None
+
+
+def _call(url: str, key: str | None, body: dict | None, timeout_s: float) -> tuple[int, str]:
+    """(HTTP status, up to 2 kB of the body: the error text; empty for a 200 chat stream,
+    which is not read). Status 0: no answer in time, or the connection broke."""
+    headers = {"Content-Type": "application/json"}
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, "" if data else response.read(1 << 20).decode(errors="replace")
+    except urllib.error.HTTPError as exc:
+        try:
+            text = exc.read(2048).decode(errors="replace")
+        except OSError:
+            text = ""
+        return exc.code, text
+    except (urllib.error.URLError, OSError):
+        return 0, ""
+
+
+def _error_text(body: str) -> str:
+    """The server's own message from an OpenAI-style error body, else the body's start."""
+    try:
+        data = json.loads(body)
+        error = data.get("error", data) if isinstance(data, dict) else data
+        message = error.get("message") if isinstance(error, dict) else error
+        text = str(message or body)
+    except ValueError:
+        text = body
+    return " ".join(text.split())[:200]
+
+
+def _key_error(status: int, body: str, key_env: str | None) -> PreflightError:
+    if key_env:
+        fix = f"the key in {key_env} was refused; put the right key in {key_env}"
+    else:
+        fix = "no key was sent (nor OPENAI_API_KEY); name the variable that holds the key"
+    return PreflightError("api_key_env", f"the server answered {status} ({_error_text(body)}): {fix}")
+
+
+def _served_models(body: str) -> list[str] | None:
+    try:
+        data = json.loads(body).get("data")
+        return [str(m["id"]) for m in data] if isinstance(data, list) else None
+    except (ValueError, AttributeError, KeyError, TypeError):
+        return None
+
+
+def check_endpoint(
+    base_url: str, model: str, key: str | None, key_env: str | None, timeout_s: float = 10.0
+) -> None:
+    """Run the pre-flight checks (module docstring) against ``base_url`` (``…/v1``).
+
+    Args:
+        key: the API key to send (None: none); ``key_env`` names where it came from.
+        timeout_s: per check; a server slower than that is left to the run.
+
+    Raises:
+        PreflightError: naming ``base_url``, ``model`` or ``api_key_env``, with the fix.
+    """
+    base = base_url.rstrip("/")
+    check_reachable(base, min(timeout_s, 5.0))
+    status, body = _call(f"{base}/models", key, None, timeout_s)
+    if status in (401, 403):
+        raise _key_error(status, body, key_env)
+    served = _served_models(body) if status == 200 else None
+    if served:
+        if model not in served:
+            shown = ", ".join(served[:5]) + (", ..." if len(served) > 5 else "")
+            raise PreflightError("model", f"the server does not serve {model!r}; it serves: {shown}")
+        return
+    request = {
+        "model": model,
+        "messages": [{"role": "user", "content": "ping"}],
+        "max_tokens": 1,
+        "max_completion_tokens": 1,
+        "stream": True,
+    }
+    status, body = _call(f"{base}/chat/completions", key, request, timeout_s)
+    if status in (401, 403):
+        raise _key_error(status, body, key_env)
+    if status == 404:
+        said = _error_text(body)
+        if "model" in said.lower():
+            raise PreflightError("model", f"the server answered 404 ({said}); give a model name it serves")
+        hint = f"; try {base}/v1" if not base.endswith("/v1") else "; check the URL's path"
+        raise PreflightError(
+            "base_url", f"{base}/chat/completions answered 404 (not an OpenAI-compatible base URL){hint}"
+        )
+
+
+#: Seconds to wait for the Hugging Face hub's TCP port before calling it unreachable.
+HUB_TIMEOUT_S = 3.0
+
+
+def _hub_reachable(timeout_s: float) -> bool:
+    """Whether the hub's host (``HF_ENDPOINT``, default huggingface.co) accepts a TCP
+    connection. Name resolution runs in a thread, since ``getaddrinfo`` has no timeout."""
+    import os
+    import threading
+
+    url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    port = url.port or (443 if url.scheme == "https" else 80)
+    answer: list[bool] = []
+
+    def connect() -> None:
+        try:
+            socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+            answer.append(True)
+        except OSError:
+            answer.append(False)
+
+    thread = threading.Thread(target=connect, daemon=True)
+    thread.start()
+    thread.join(timeout_s + 0.5)
+    return bool(answer and answer[0])
+
+
+def check_hf_source(spec: str, setting: str) -> None:
+    """An ``hf:`` hub id (not a local folder) must be in the local Hugging Face cache or the
+    hub must be reachable; when it is cached and the hub is not, ``HF_HUB_OFFLINE=1`` is set
+    for this process, so loading it does not spend half a minute on retries. Other specs pass.
+
+    Raises:
+        PreflightError: (``setting``) neither cached nor reachable, with the fix.
+    """
+    import os
+    from pathlib import Path
+
+    kind, _, rest = spec.partition(":")
+    if kind != "hf" or Path(rest).expanduser().exists():
+        return
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
+        cached_only = True
+    else:
+        cached_only = not _hub_reachable(HUB_TIMEOUT_S)
+    if not cached_only:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(rest, "config.json"), str) or isinstance(
+        try_to_load_from_cache(rest, "tokenizer_config.json"), str
+    ):
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return
+    raise PreflightError(
+        setting,
+        f"{spec!r} is not in the local Hugging Face cache and the hub is not reachable (offline); "
+        "download it where the hub is reachable (`hf download ID`), or give hf:/path/to/folder",
+    )

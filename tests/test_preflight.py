@@ -1,0 +1,152 @@
+"""Pre-flight before the first level (issue 14, item 2): a wrong base URL path, a refused key,
+a model the server does not serve and an unreachable ``hf:`` tokenizer exit 2 in seconds with
+one line naming the setting and the fix. Against the ground-truth server (its ``http_401``
+scenario answers 401, an unknown model 404) and the embedded llama.cpp server (real routes:
+no ``/chat/completions`` without ``/v1``, a real ``/v1/models`` list, a real key check)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tasks.preflight import PreflightError, check_endpoint, check_hf_source
+
+try:
+    from tests import groundtruth_server as gt
+except ImportError:  # run from tests/
+    import groundtruth_server as gt
+
+BIN = Path(sys.executable).parent / "infermeter"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[gt.GroundTruthServer]:
+    with gt.serve() as handle:
+        yield handle
+
+
+@pytest.fixture(scope="module")
+def llama() -> Iterator:
+    from tasks.server import embedded_server
+
+    with embedded_server("gguf:default", api_key="right-key", n_ctx=512) as running:
+        yield running
+
+
+def _cli(
+    args: list[str], tmp_path: Path, env: dict | None = None
+) -> tuple[subprocess.CompletedProcess, float]:
+    began = time.monotonic()
+    result = subprocess.run(
+        [str(BIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={
+            **os.environ,
+            "PREFECT_HOME": str(tmp_path / "prefect"),
+            "INFERMETER_WORK_DIR": str(tmp_path / "w"),
+            **(env or {}),
+        },
+    )
+    return result, time.monotonic() - began
+
+
+def _one_line_exit_2(result: subprocess.CompletedProcess, *needles: str) -> str:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 2, result.stderr[-2000:] + result.stdout[-2000:]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+def test_refused_key_names_the_key_variable(server) -> None:
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(server.base_url, "http_401", "wrong", "MY_KEY")
+    assert caught.value.setting == "api_key_env" and "MY_KEY" in caught.value.message
+    assert "401" in caught.value.message
+
+
+def test_unknown_model_names_the_model(server) -> None:
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(server.base_url, "no-such-model", None, None)
+    assert caught.value.setting == "model" and "404" in caught.value.message
+
+
+def test_a_good_endpoint_passes(server) -> None:
+    check_endpoint(server.base_url, "ticks:3:5", None, None)  # no exception
+
+
+def test_stream_cli_exits_2_in_seconds_on_a_refused_key(server, tmp_path) -> None:
+    result, took_s = _cli(
+        [
+            "stream",
+            "--base-url",
+            server.base_url,
+            "--model",
+            "http_401",
+            "--api-key-env",
+            "MY_KEY",
+            "--no-track",
+        ],
+        tmp_path,
+        {"MY_KEY": "sk-wrong"},
+    )
+    _one_line_exit_2(result, "--api-key-env", "MY_KEY")
+    assert "sk-wrong" not in result.stderr  # the key itself is never printed
+    assert took_s < 30  # measured here: about 4 s, mostly the CLI's imports
+
+
+def test_sweep_cli_exits_2_on_an_unknown_model(server, tmp_path) -> None:
+    result, _ = _cli(["sweep", "--base-url", server.base_url, "--model", "nope", "--no-track"], tmp_path)
+    _one_line_exit_2(result, "--model", "404")
+
+
+def test_llama_base_url_without_v1_suggests_v1(llama, tmp_path) -> None:
+    root = llama.base_url.removesuffix("/v1")
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(root, llama.model, "right-key", "K")
+    assert caught.value.setting == "base_url" and f"try {root}/v1" in caught.value.message
+    result, took_s = _cli(
+        ["stream", "--base-url", root, "--model", llama.model, "--api-key-env", "K", "--no-track"],
+        tmp_path,
+        {"K": "right-key"},
+    )
+    _one_line_exit_2(result, "--base-url", "/v1")
+    assert took_s < 30
+
+
+def test_llama_wrong_key_and_unserved_model(llama) -> None:
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(llama.base_url, llama.model, "wrong-key", "K")
+    assert caught.value.setting == "api_key_env"
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(llama.base_url, "gpt-9", "right-key", "K")
+    assert caught.value.setting == "model" and llama.model in caught.value.message
+    check_endpoint(llama.base_url, llama.model, "right-key", "K")
+
+
+def test_unreachable_hf_tokenizer_exits_2_in_seconds(server, tmp_path) -> None:
+    """No hub here (offline) and no cache: one line, exit 2, in seconds (before: 71 s, two
+    tracebacks, exit 1). HF_ENDPOINT points at a closed port so the test means the same on a
+    machine that does reach the hub."""
+    env = {"HF_ENDPOINT": f"http://127.0.0.1:{gt.free_port()}", "HF_HOME": str(tmp_path / "hf")}
+    result, took_s = _cli(
+        ["stream", "--base-url", server.base_url, "--model", "ticks:3:5", "--tokenizer", "hf:org/not-here"],
+        tmp_path,
+        env,
+    )
+    _one_line_exit_2(result, "--tokenizer", "hf:org/not-here", "not in the local Hugging Face cache")
+    assert took_s < 30
+
+
+def test_hf_source_check_passes_local_folders_and_other_kinds(tmp_path) -> None:
+    check_hf_source(f"hf:{tmp_path}", "model")
+    check_hf_source("gguf:default", "model")

@@ -13,6 +13,7 @@ from prefect import flow, get_run_logger
 
 from flows.runs import final_state, parent_run, target_label
 from tasks.config import StreamFlowConfig
+from tasks.preflight import check_flow_settings
 
 # tasks.pipeline (torch, openai, matplotlib) is imported inside the body, so that loading this
 # module (deployments, the CLI) stays fast.
@@ -20,12 +21,18 @@ from tasks.config import StreamFlowConfig
 
 def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "error", "mlflow_run_id", "workdir",
-    "ui_command"}`` (``error`` is None, or the message of the failure that ended the run early)."""
+    "ui_command"}`` (``error`` is None, or the message of the failure that ended the run early).
+
+    Raises:
+        tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.report import summary as report
 
     logger = get_run_logger()
+    # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:
+    # a setting that cannot work fails the flow run here, in seconds, before any MLflow run
+    check_flow_settings(config.endpoint)
     tags = {
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",

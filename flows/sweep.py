@@ -14,12 +14,16 @@ from prefect import flow
 
 from flows.runs import final_state, model_label, parent_run, target_label
 from tasks.config import SweepFlowConfig
+from tasks.preflight import check_flow_settings
 
 
 def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
     """The flow's body: ``{"points", "headline", "distribution", "error", "mlflow_run_id",
     "workdir", "ui_command"}`` (``error`` None, or why the stage failed; ``distribution`` the
-    sampler's view rows of a local sweep, else None)."""
+    sampler's view rows of a local sweep, else None).
+
+    Raises:
+        tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
     # imported here, not at the top: they pull in torch and transformers, which
     # `infermeter --help` does not need
     from tasks.endpoint import open_endpoint
@@ -27,6 +31,12 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
     from tasks.report import summary as report
 
     local = config.sweep.target == "local"
+    # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:
+    # a setting that cannot work fails the flow run here, in seconds, before any MLflow run
+    if local:
+        check_flow_settings(None, config.sweep.local_model)
+    else:
+        check_flow_settings(config.endpoint)
     tags = {
         "model": config.sweep.local_model if local else config.server.model,
         "endpoint": "local" if local else (config.endpoint.base_url or "embedded"),

@@ -27,9 +27,17 @@ import json
 import socket
 import urllib.error
 import urllib.request
+from typing import Any
 from urllib.parse import urlsplit
 
-__all__ = ["PreflightError", "check_endpoint", "check_reachable"]
+__all__ = [
+    "PreflightError",
+    "check_endpoint",
+    "check_flow_settings",
+    "check_hf_source",
+    "check_reachable",
+    "check_settings",
+]
 
 
 class PreflightError(Exception):
@@ -41,6 +49,12 @@ class PreflightError(Exception):
         super().__init__(f"{setting}: {message}")
         self.setting = setting
         self.message = message
+
+    def line(self, names: dict[str, str] | None = None) -> str:
+        """The one line a user reads: the setting as ``names`` spell it (a CLI flag), else as
+        the config file does (``endpoint.<field>``; ``sweep.local_model``), then the message."""
+        default = "sweep.local_model" if self.setting == "local_model" else f"endpoint.{self.setting}"
+        return f"{(names or {}).get(self.setting, default)}: {self.message}"
 
 
 def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
@@ -200,6 +214,8 @@ def check_hf_source(spec: str, setting: str) -> None:
     kind, _, rest = spec.partition(":")
     if kind != "hf" or Path(rest).expanduser().exists():
         return
+    if rest.startswith(("/", ".", "~")) or rest.count("/") > 1:
+        return  # a folder path, not a hub id: loading it names the missing folder itself
     if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes"):
         cached_only = True
     else:
@@ -218,3 +234,51 @@ def check_hf_source(spec: str, setting: str) -> None:
         f"{spec!r} is not in the local Hugging Face cache and the hub is not reachable (offline); "
         "download it where the hub is reachable (`hf download ID`), or give hf:/path/to/folder",
     )
+
+
+def check_settings(endpoint: Any, local_model: str | None = None, timeout_s: float = 10.0) -> None:
+    """Every pre-flight check of a stage's settings, as the run would meet them: the local
+    model's and the tokenizer's ``hf:`` source (:func:`check_hf_source`), then, when
+    ``endpoint.base_url`` and ``endpoint.model`` are set, :func:`check_endpoint` with the key
+    from ``endpoint.api_key_env`` (else ``OPENAI_API_KEY`` when set, as the OpenAI client does).
+    The embedded server (no base_url) is not checked: the run starts it.
+
+    Args:
+        endpoint: an ``EndpointConfig`` (base_url, model, api_key_env, tokenizer); None for
+            a local sweep.
+        local_model: ``sweep.local_model`` of a local sweep; None otherwise.
+
+    Raises:
+        PreflightError: ``setting`` is the field: local_model, tokenizer, base_url, model or
+            api_key_env.
+    """
+    import os
+
+    if local_model:
+        check_hf_source(local_model, "local_model")
+    if endpoint is None:  # a local sweep: no endpoint
+        return
+    if endpoint.tokenizer:
+        check_hf_source(endpoint.tokenizer, "tokenizer")
+    if endpoint.base_url and endpoint.model:
+        key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
+        key = os.environ.get(key_env) if key_env else None
+        check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s)
+
+
+class SettingsError(ValueError):
+    """A flow's setting that cannot work; the message is :meth:`PreflightError.line`."""
+
+
+def check_flow_settings(endpoint: Any, local_model: str | None = None) -> None:
+    """:func:`check_settings` for a flow run, which may come from the Prefect UI or a
+    deployment without the CLI's checks: a failure fails the flow run at once, before its
+    first level or MLflow run, with one line naming the config path and the fix.
+
+    Raises:
+        SettingsError: e.g. ``endpoint.model: the server does not serve 'x'; it serves: ...``.
+    """
+    try:
+        check_settings(endpoint, local_model)
+    except PreflightError as exc:
+        raise SettingsError(exc.line()) from None

@@ -109,7 +109,7 @@ def test_experiments_made_before_get_the_classic_kind_and_series_are_spaced_in_t
 
 
 def test_load_curves_have_linear_concurrency_axes_from_zero():
-    from tasks.report.plots import load_curves_figure
+    from tasks.report.plots import load_curves_figures
 
     levels = [
         {
@@ -119,10 +119,16 @@ def test_load_curves_have_linear_concurrency_axes_from_zero():
         }
         for c in (1, 4, 16)
     ]
-    fig = load_curves_figure(levels)
-    visible = [ax for ax in fig.axes if ax.get_visible()]
-    assert len(visible) == 5 and fig.get_size_inches()[0] <= 14
-    for ax in visible:
+    figures = load_curves_figures(levels)
+    assert list(figures) == [
+        "load_ttft_ms.png",
+        "load_itl_ms.png",
+        "load_tpot_ms.png",
+        "load_e2e_ms.png",
+        "load_output_tokens_per_s.png",
+    ]
+    for fig in figures.values():
+        (ax,) = fig.axes  # one chart per figure
         assert ax.get_xscale() == "linear"
         assert [t.get_text() for t in ax.get_xticklabels()] == ["1", "4", "16"]
         assert ax.get_ylim()[0] == 0

@@ -150,3 +150,68 @@ def test_unreachable_hf_tokenizer_exits_2_in_seconds(server, tmp_path) -> None:
 def test_hf_source_check_passes_local_folders_and_other_kinds(tmp_path) -> None:
     check_hf_source(f"hf:{tmp_path}", "model")
     check_hf_source("gguf:default", "model")
+
+
+def _offline_hub(tmp_path: Path) -> dict[str, str]:
+    """No hub (a closed port) and an empty cache: the same meaning on a machine that does reach
+    huggingface.co."""
+    return {"HF_ENDPOINT": f"http://127.0.0.1:{gt.free_port()}", "HF_HOME": str(tmp_path / "hf")}
+
+
+def test_hf_model_that_is_not_local_exits_2_in_seconds(tmp_path) -> None:
+    """`profile --model hf:ID` and a local sweep's `sweep.local_model: hf:ID`, neither cached
+    nor reachable: one line, exit 2, in seconds (before: 32 s of download retries)."""
+    result, took_s = _cli(
+        ["profile", "--model", "hf:some-org/absent-model", "--no-track"], tmp_path, _offline_hub(tmp_path)
+    )
+    _one_line_exit_2(result, "--model", "hf:some-org/absent-model", "not in the local Hugging Face cache")
+    assert took_s < 30
+    config = tmp_path / "sweep.yaml"
+    config.write_text("sweep:\n  target: local\n  local_model: hf:some-org/absent-model\n")
+    result, took_s = _cli(["sweep", "--config", str(config), "--no-track"], tmp_path, _offline_hub(tmp_path))
+    _one_line_exit_2(result, "sweep.local_model", "hf:some-org/absent-model", "not in the local")
+    assert took_s < 30
+
+
+def test_flows_run_the_preflight_without_the_cli(server, prefect_server, mlflow_store, workdir) -> None:
+    """A stream or sweep flow launched from the Prefect UI (the flow function, no CLI) fails at
+    once with the one line naming the config path, before any level or MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.stream import stream
+    from flows.sweep import sweep
+    from tasks.config import StreamFlowConfig, SweepFlowConfig
+
+    client = MlflowClient()
+
+    def runs() -> int:
+        return len(client.search_runs([e.experiment_id for e in client.search_experiments()]))
+
+    runs_before = runs()
+    endpoint = {"base_url": server.base_url, "model": "nope"}
+    before = len(server.stats()["requests"])
+    began = time.monotonic()
+    state = stream(StreamFlowConfig(endpoint=endpoint, name="preflight-stream"), return_state=True)
+    assert state.is_failed() and time.monotonic() - began < 30
+    assert "endpoint.model: the server answered 404 (unknown model 'nope')" in state.message, state.message
+    assert len(server.stats()["requests"]) <= before + 1  # the one pre-flight request, no level
+
+    # a refused key: the server's 401 on the one pre-flight request
+    refused = {"base_url": server.base_url, "model": "http_401", "api_key_env": "INFERMETER_T14_KEY"}
+    os.environ["INFERMETER_T14_KEY"] = "wrong"
+    try:
+        state = sweep(SweepFlowConfig(endpoint=refused), return_state=True)
+    finally:
+        os.environ.pop("INFERMETER_T14_KEY")
+    assert state.is_failed() and "endpoint.api_key_env: the server answered 401" in state.message, (
+        state.message
+    )
+    local = SweepFlowConfig(sweep={"target": "local", "local_model": "hf:some-org/absent-model"})
+    os.environ.update(_offline_hub(workdir))
+    try:
+        state = sweep(local, return_state=True)
+    finally:
+        for name in ("HF_ENDPOINT", "HF_HOME"):
+            os.environ.pop(name)
+    assert state.is_failed() and "sweep.local_model: 'hf:some-org/absent-model' is not" in state.message
+    assert runs() == runs_before  # each failed before its MLflow parent run

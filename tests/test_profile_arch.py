@@ -341,6 +341,7 @@ def test_plots_are_written_for_successful_points(tmp_path):
         "decode_ms_vs_context_position.png",
         "memory_vs_sequence_length.png",
         "ttft_vs_prefill_chunk_size.png",
+        "peak_memory_vs_prefill_chunk_size.png",
     ]
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000 for p in paths)
     failed = replace(results[0], error="RuntimeError: forced")

@@ -46,13 +46,13 @@ def _one_line_exit_2(result, *needles):
         (["--model", "hf:/"], ["--model", "cannot read its config"]),
         (["--model", "arch:smollm2-135m", "--dtypes", "float8"], ["dtypes"]),
         (["--model", "arch:llama-2-7b", "--prompt-lengths", "64,5000"], ["5000", "context of 4096"]),
-        (["--model", "arch:smollm2-135m", "--prefill-chunk-sizes", "-4"], ["prefill_chunk_sizes"]),
+        (["--model", "arch:smollm2-135m", "--prefill-chunk-sizes", "-4"], ["--prefill-chunk-sizes"]),
         (["--model", "arch:smollm2-135m", "--device", "tpu"], ["--device", "auto, cpu, cuda"]),
         (
             ["--model", "arch:llama-2-7b", "--prompt-lengths", "4000", "--max-new-tokens", "8,200"],
             ["max_new_tokens 200", "context of 4096"],
         ),  # the largest value is checked
-        (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["max_new_tokens"]),
+        (["--model", "arch:smollm2-135m", "--max-new-tokens", "4,0"], ["--max-new-tokens"]),
         (["--model", "hf:/no/such/folder"], ["--model", "no such folder"]),
     ],
 )
@@ -137,6 +137,7 @@ def test_tracked_sweep_writes_json_child_runs_and_plots(tmp_path, mlflow_store):
         "plots/decode_ms_vs_context_position.png",
         "plots/memory_vs_sequence_length.png",
         "plots/ttft_vs_prefill_chunk_size.png",
+        "plots/peak_memory_vs_prefill_chunk_size.png",
     }
 
 

@@ -200,3 +200,86 @@ def test_the_child_limit_follows_its_estimate(monkeypatch) -> None:
     assert child_time_limit_s(point, need, repeats=3, warmup=1) == pytest.approx(expected)
     monkeypatch.setenv("INFERMETER_PROFILE_CHILD_LIMIT_S", "7")
     assert child_time_limit_s(point, need, repeats=3, warmup=1) == 7.0
+
+
+def _finished_points(uri: str) -> int:
+    """FINISHED sweep point runs (tag ``point_key``) in the store so far; 0 before it exists."""
+    from mlflow.tracking import MlflowClient
+
+    try:
+        client = MlflowClient(uri)
+        ids = [e.experiment_id for e in client.search_experiments()]
+        runs = client.search_runs(ids, "attributes.status = 'FINISHED'") if ids else []
+    except Exception:  # the command is still creating the store's tables
+        return 0
+    return sum("point_key" in run.data.tags for run in runs)
+
+
+def test_sigterm_mid_sweep_marks_the_runs_killed_and_keeps_finished_points(server, tmp_path) -> None:
+    """SIGTERM mid-sweep (ten points of two ~1 s samples each against the ground-truth server,
+    one at a time): exit 130, no run left RUNNING (the parent, the sweep stage and the point in
+    flight end KILLED), and the points that finished stay FINISHED with their samples."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    temperatures = ",".join(f"{0.1 * k:.1f}" for k in range(10))
+    args = ["sweep", "--base-url", server.base_url, "--model", "ticks:40:25", "--temperature", temperatures]
+    proc, log = _start(
+        [*args, "--samples", "2", "--max-concurrency", "1", "--max-tokens", "40"],
+        tmp_path,
+        {"MLFLOW_TRACKING_URI": uri},
+    )
+    _wait_for(proc, log, lambda: _finished_points(uri) >= 1)
+    family = _servers(proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _assert_all_gone(family, proc)
+    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert "Interrupted" in log.read_text()
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    status = [run.info.status for run in runs]
+    assert "RUNNING" not in status, [(r.info.run_name, r.info.status) for r in runs]
+    points = [run for run in runs if "point_key" in run.data.tags]
+    finished = [run for run in points if run.info.status == "FINISHED"]
+    assert 1 <= len(finished) < 10 and len(points) < 10 + 1
+    for run in finished:  # what finished is kept, whole
+        assert "samples.json" in [a.path for a in client.list_artifacts(run.info.run_id)]
+        assert run.data.metrics["identical_fraction"] == 1.0  # the ticks text ignores temperature
+    stage = next(run for run in runs if run.info.run_name == "sweep")
+    parent = next(run for run in runs if "mlflow.parentRunId" not in run.data.tags)
+    assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
+
+
+def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
+    """SIGTERM during an audit's stream stage (tokenize and profile off, the ground-truth server
+    as the endpoint): exit 130, no run left RUNNING, the parent and the stream stage KILLED with
+    the journal kept, and the sweep stage never started."""
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = tmp_path / "audit.yaml"
+    config.write_text(
+        "name: audit-sigterm\ntokenize: {enabled: false}\nprofile: {enabled: false}\n"
+        f"endpoint: {{base_url: '{server.base_url}', model: 'ticks:50:20'}}\n"
+        "stream: {num_requests: 400, max_concurrency: [2], warmup: 0}\n"
+    )
+    proc, log = _start(["audit", "--config", str(config)], tmp_path, {"MLFLOW_TRACKING_URI": uri})
+
+    def journal_lines() -> int:
+        found = list((tmp_path / "w").rglob("requests.jsonl"))
+        return len(found[0].read_text().splitlines()) if found else 0
+
+    _wait_for(proc, log, lambda: journal_lines() >= 3)
+    family = _servers(proc)
+    os.kill(proc.pid, signal.SIGTERM)
+    _assert_all_gone(family, proc)
+    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert "Interrupted" in log.read_text()
+    client = MlflowClient(uri)
+    runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
+    status = {run.info.run_name: run.info.status for run in runs}
+    assert "RUNNING" not in status.values() and "sweep" not in status, status
+    stage = next(run for run in runs if run.info.run_name == "stream")
+    parent = next(run for run in runs if "mlflow.parentRunId" not in run.data.tags)
+    assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
+    assert "requests.jsonl" in [a.path for a in client.list_artifacts(stage.info.run_id)]

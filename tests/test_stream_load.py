@@ -437,9 +437,11 @@ def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, t
 
     client = MlflowClient()
     run = client.get_run(result["mlflow_run_id"])
-    assert run.data.params["request_rate"] == "[50.0,null]"
+    assert run.data.params["request_rate"] == "[50.0, null]"  # compact list (issue 14)
     plots = {a.path for a in client.list_artifacts(run.info.run_id, "plots")}
-    assert "plots/load_curves.png" in plots and len(plots) == 5
+    # a PNG per load metric, and each level's TTFT and ITL histograms (4 levels)
+    assert {"plots/load_ttft_ms.png", "plots/load_output_tokens_per_s.png"} <= plots
+    assert len(plots) == 5 + 2 * 4
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert sorted(c.info.run_name for c in children) == [
         "stream c=1 rate=50",
@@ -449,7 +451,8 @@ def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, t
     ]
     for child in children:
         assert "client_loop_lag_ms_p99" in child.data.metrics
-        assert [a.path for a in client.list_artifacts(child.info.run_id, "plots")][0].endswith(".png")
+        hists = [a.path.rsplit("/", 1)[1] for a in client.list_artifacts(child.info.run_id, "plots")]
+        assert len(hists) == 2 and all(h.endswith(("_ttft_hist.png", "_itl_hist.png")) for h in hists)
 
 
 def _cli(args, tmp_path, env=None):
@@ -470,11 +473,11 @@ def _cli(args, tmp_path, env=None):
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
-        (["--max-concurrency", "0"], "stream.max_concurrency"),
+        (["--max-concurrency", "0"], "--max-concurrency"),  # the flag typed (issue 14)
         (["--request-rate", "2,fast"], "--request-rate"),
         (["--request-rate", "0"], "0 is not > 0"),
         (["--tokenizer", "arch:nope", "--max-tokens", "4"], "--tokenizer: model 'arch:nope'"),
-        (["--goodput", "speed_ms:3"], "stream.goodput"),
+        (["--goodput", "speed_ms:3"], "--goodput"),
         (["--prompts", "/nonexistent/prompts.txt"], "--prompts"),
         (["--base-url", "localhost:8000/v1", "--model", "m"], "--base-url"),
         (

@@ -21,6 +21,11 @@ from tasks.sweep import (
     sweep_headline,
 )
 
+try:
+    from tests import groundtruth_server as gt
+except ImportError:  # run from tests/
+    import groundtruth_server as gt
+
 BIN = Path(sys.executable).parent / "infermeter"
 
 
@@ -127,7 +132,7 @@ def test_point_outcome_to_dict_is_the_stage_entry():
         ("--top-k", "-1", "top_k -1"),
         ("--samples", "0", "samples 0"),
         ("--temperature", "hot", "--temperature"),
-        ("--target", "cloud", "sweep.target"),
+        ("--target", "cloud", "--target"),  # the flag typed, not the config path (issue 14)
     ],
 )
 def test_bad_flag_values_exit_2_with_one_line(flag, value, needle):
@@ -185,7 +190,8 @@ def test_temperature_zero_is_deterministic_and_resume_skips_exactly_finished_poi
     assert child.data.params["top_k"] == "null" and child.data.metrics["identical_fraction"] == 1.0
     assert "samples.json" in {a.path for a in client.list_artifacts(child.info.run_id)}
     stage = client.get_run(child.data.tags["mlflow.parentRunId"])
-    assert "sweep_vs_temperature.png" in {a.path for a in client.list_artifacts(stage.info.run_id)}
+    charts = {a.path for a in client.list_artifacts(stage.info.run_id, "plots")}
+    assert len(charts) == 5 and "plots/sweep_identical_fraction_vs_temperature.png" in charts
 
     # rerun with one point more: the two finished points are skipped, only the new one runs
     state = sweep(_config([0.0, 1.2, 0.7], "sweep-second"), return_state=True)
@@ -205,16 +211,19 @@ def test_temperature_zero_is_deterministic_and_resume_skips_exactly_finished_poi
 def test_failed_requests_make_failed_points_and_the_sweep_finishes(mlflow_store, prefect_server, workdir):
     from flows.sweep import sweep
 
-    cfg = _config([0.0, 1.0], "sweep-refused", base_url="http://127.0.0.1:9/v1", model="absent")
-    state = sweep(cfg, return_state=True)
+    # a server that answers every request with HTTP 500: the pre-flight leaves a 5xx to the run
+    # (a refused connection now fails the flow at once: tests/test_preflight.py)
+    with gt.serve() as server:
+        cfg = _config([0.0, 1.0], "sweep-refused", base_url=server.base_url, model="http_500")
+        state = sweep(cfg, return_state=True)
     result = state.result(raise_on_failure=False)
     assert result["error"] is None and len(result["points"]) == 2
     for p in result["points"]:
-        assert p["status"] == "failed" and p["error_class"] == "connection"
+        assert p["status"] == "failed" and p["error_class"] == "server"
         assert p["num_samples_failed"] == 2
     client = MlflowClient(tracking_uri=mlflow_store[1])
     run = client.get_run(result["points"][0]["mlflow_run_id"])
-    assert run.info.status == "FAILED" and run.data.tags["error_class"] == "connection"
+    assert run.info.status == "FAILED" and run.data.tags["error_class"] == "server"
     assert result["headline"]["sweep_points_failed"] == 2
 
 

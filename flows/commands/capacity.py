@@ -24,7 +24,7 @@ from flows.commands.common import (
     parse_slos,
     run_flow,
 )
-from flows.commands.stream import _check_endpoint
+from flows.commands.stream import check_endpoint_config
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from flows.commands.workload import check_dataset
 from tasks.config import CapacityFlowConfig
@@ -111,7 +111,7 @@ def command(
     if not cfg.stream.goodput:
         fail_input("--goodput: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
     check_dataset(cfg.stream, input_len)
-    _check_endpoint(cfg)
+    check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 
     from flows.capacity import capacity

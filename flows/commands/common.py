@@ -133,21 +133,25 @@ def check_remote_endpoint(config: BaseModel, flags: dict[str, str] | None = None
     not serve exits 2 with one line naming the setting as ``flags`` spell it (default:
     ``endpoint.<field>``, the config's name) and the fix. The embedded server is not checked
     (this process starts it)."""
-    import os
+    from tasks.preflight import PreflightError, check_settings
 
-    from tasks.preflight import PreflightError, check_endpoint, check_hf_source
-
-    endpoint = config.endpoint
-    names = flags or {}
     try:
-        if endpoint.tokenizer:
-            check_hf_source(endpoint.tokenizer, "tokenizer")
-        if endpoint.base_url and endpoint.model:
-            key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
-            key = os.environ.get(key_env) if key_env else None
-            check_endpoint(endpoint.base_url, endpoint.model, key, key_env)
+        check_settings(config.endpoint)
     except PreflightError as exc:
-        fail_input(f"{names.get(exc.setting, f'endpoint.{exc.setting}')}: {exc.message}")
+        fail_input(exc.line(flags))
+
+
+def check_hf_model(spec: str, name: str) -> None:
+    """An ``hf:`` model spec that is neither a local folder, nor cached, nor reachable on a hub
+    exits 2 in seconds with one line naming ``name`` (the flag or config path), instead of
+    half a minute of download retries; a cached one is then loaded offline
+    (``tasks.preflight.check_hf_source``)."""
+    from tasks.preflight import PreflightError, check_hf_source
+
+    try:
+        check_hf_source(spec, name)
+    except PreflightError as exc:
+        fail_input(f"{name}: {exc.message}")
 
 
 def preflight(track: bool) -> None:

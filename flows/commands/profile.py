@@ -20,6 +20,7 @@ from flows.commands.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
+    check_hf_model,
     fail_input,
     load_or_fail,
     parse_list,
@@ -51,6 +52,7 @@ def check_input(cfg: ProfileFlowConfig) -> None:
     from tasks.profile.grid import check_request
 
     p = cfg.profile
+    check_hf_model(p.model, "--model")
     try:
         check_request(p.model, p.dtypes, p.prompt_lengths, p.max_new_tokens_values, p.device, p.num_layers)
     except ModelSourceError as exc:

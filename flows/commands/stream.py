@@ -53,7 +53,7 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
     return load_or_fail(path, StreamFlowConfig)
 
 
-def _check_endpoint(cfg: StreamFlowConfig) -> None:
+def check_endpoint_config(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
     named key variable that is not set (its value is never printed), a tokenizer spec that does
     not resolve or (hf:) is neither cached nor reachable, and the endpoint's pre-flight
@@ -208,7 +208,7 @@ def command(
         },
     )
     check_dataset(cfg.stream, prompt or prompts or input_len)
-    _check_endpoint(cfg)
+    check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 
     from flows.stream import stream

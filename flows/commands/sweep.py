@@ -21,6 +21,7 @@ from flows.commands.common import (
     NoTrackOption,
     apply_overrides,
     check_embedded_engine,
+    check_hf_model,
     check_remote_endpoint,
     fail_input,
     load_or_fail,
@@ -106,6 +107,8 @@ def command(
     if cfg.sweep.target != "local":
         check_embedded_engine(cfg)
         check_remote_endpoint(cfg, ENDPOINT_FLAGS)
+    else:
+        check_hf_model(cfg.sweep.local_model, "sweep.local_model")
     if no_resume:
         cfg = apply_overrides(cfg, None, {"resume": False})
     from flows.sweep import sweep

@@ -134,8 +134,12 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("profile_failed_points", "count", "profile", "Points that failed (stage run).", "higher"),
     # --breakdown (issue 12): profiled per-part time and the roofline (tasks/profile/breakdown.py,
     # roofline.py; flattened by breakdown_report.analysis_metrics); profiled runs, not the timed ones
-    Metric("breakdown_prefill_<part>_ms", "ms", "profile", "Profiled prefill: one part's exclusive time.", _LAT),
-    Metric("breakdown_decode_<part>_ms", "ms", "profile", "Profiled mean decode step: one part's time.", _LAT),
+    Metric(
+        "breakdown_prefill_<part>_ms", "ms", "profile", "Profiled prefill: one part's exclusive time.", _LAT
+    ),
+    Metric(
+        "breakdown_decode_<part>_ms", "ms", "profile", "Profiled mean decode step: one part's time.", _LAT
+    ),
     Metric("copy_bandwidth_gb_per_s", "GB/s", "profile", "Measured copy bandwidth (read + write)."),
     Metric("matmul_flop_per_s", "FLOP/s", "profile", "Measured n x n matmul rate."),
     Metric("ridge_flop_per_byte", "FLOP/B", "profile", "matmul_flop_per_s / copy bandwidth."),

@@ -91,7 +91,7 @@ def profile_stage(
     x max_new_tokens (points that may not fit run in a child process: :func:`run_sweep`).
 
     One child run per point (FAILED with an ``error`` tag for a point that failed), the points
-    as ``profile_points.json`` and four PNG plots under ``plots/`` on the stage's run. Each
+    as ``profile_points.json`` and five PNG plots (one chart each) under ``plots/`` on the stage's run. Each
     finished point is also appended to ``profile_points.jsonl`` in ``workdir`` at once.
     Returns {"points" (the rows of :meth:`ProfilePointResult.to_dict`), "headline" (the first
     successful point's), "failed_points", "mlflow_run_id"}.

@@ -74,11 +74,12 @@ def stream_stage(
             )
             run.tracker.log_metrics(child, level.metrics)
             if run.tracker.enabled:
-                hist = plots_module.level_histograms(
-                    level.to_dict(), workdir_path / f"plots/level{level.level}_latency_hist.png"
+                hists = plots_module.level_histograms(
+                    level.to_dict(), workdir_path / "plots", f"level{level.level}"
                 )
-                run.tracker.log_artifact(child, hist, "plots")
-                plots.append(hist)
+                for hist in hists:
+                    run.tracker.log_artifact(child, hist, "plots")
+                plots.extend(hists)
             run.tracker.end_run(child, end_time_ms=end_ms)
 
         with RecordWriter(journal) as writer:
@@ -98,8 +99,8 @@ def stream_stage(
         for path in (requests_path, tokens_path, journal):
             run.tracker.log_artifact(run.run_id, path)
         if run.tracker.enabled:
-            curves = plots_module.load_curves(levels, workdir_path / "plots/load_curves.png")
-            for path in (curves, *plots):
+            curves = plots_module.load_curves(levels, workdir_path / "plots")
+            for path in (*curves, *plots):
                 run.tracker.log_artifact(run.run_id, path, "plots")
         headline = {k: levels[0]["metrics"].get(k) for k in STREAM_HEADLINE}
         run.tracker.log_metrics(run.run_id, headline)

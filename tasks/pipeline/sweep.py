@@ -108,9 +108,9 @@ def sweep_stage(
         out = [o.to_dict() for o in outcomes]
         path = Path(workdir) / "samples.json"
         path.write_text(json.dumps(out, ensure_ascii=False, indent=1, default=str), encoding="utf-8")
-        chart = plots_module.sweep_vs_temperature(out, Path(workdir) / "sweep_vs_temperature.png")
-        for artifact in (path, chart):
-            run.tracker.log_artifact(run.run_id, artifact)
+        run.tracker.log_artifact(run.run_id, path)
+        for chart in plots_module.sweep_vs_temperature(out, Path(workdir) / "plots"):
+            run.tracker.log_artifact(run.run_id, chart, "plots")
         headline = sweep_headline(outcomes)
         run.tracker.log_metrics(run.run_id, headline)
         out_keys = {"points": out, "headline": headline, "identity": identity, "mlflow_run_id": run.run_id}
@@ -120,7 +120,7 @@ def sweep_stage(
 def _sampler_view(run: StageRun, cfg: SweepConfig, points, model, tokenizer, workdir: Path) -> list[dict]:
     """The sampler's view at the first ``cfg.distribution_steps`` decode steps of the prompt,
     under every swept temperature and top_p (``StepDistribution.to_dict`` rows); logged on the
-    stage run: ``sampler_view.json`` (table), ``sampler_view.png``, and
+    stage run: ``sampler_view.json`` (table), ``plots/sampler_view.png``, and
     ``next_token_entropy_bits_t<temperature>`` with one step per decode step."""
     from tasks.sweep.distribution import entropy_series, next_token_distributions, table_rows
     from tasks.sweep.local import chat_input_ids
@@ -133,7 +133,8 @@ def _sampler_view(run: StageRun, cfg: SweepConfig, points, model, tokenizer, wor
     )
     rows = [step.to_dict() for step in steps]
     run.tracker.log_table(run.run_id, table_rows(rows), "sampler_view.json")
-    run.tracker.log_artifact(run.run_id, distribution_plots.sampler_view(rows, workdir / "sampler_view.png"))
+    chart = distribution_plots.sampler_view(rows, workdir / "plots" / "sampler_view.png")
+    run.tracker.log_artifact(run.run_id, chart, "plots")
     for name, values in entropy_series(rows).items():
         run.tracker.log_metric_series(run.run_id, name, values)
     return rows

@@ -1,7 +1,7 @@
 """PNG plots of the local profile stage (matplotlib, Agg backend: no display needed).
 
 :func:`write_profile_plots` takes the sweep's results (:func:`tasks.profile.runner.run_sweep`;
-failed points are skipped) and writes four PNGs:
+failed points are skipped) and writes five PNGs, one chart (one Axes) each:
 
 - ``prefill_ms_vs_prompt_length.png``: prefill_ms (= local TTFT) against prompt length, a line
   per batch size x dtype (unchunked points);
@@ -33,6 +33,8 @@ from tasks.profile.grid import point_label, steps_swept  # noqa: E402
 from tasks.profile.result import ProfilePointResult  # noqa: E402
 
 MIB = 2**20
+# One chart (one Axes) per PNG, 640 x 420 px at 100 dpi: shown unscaled in MLflow's viewer.
+FIGSIZE_IN = (6.4, 4.2)
 
 
 def _group(rows: Sequence[dict], keys: Sequence[str]) -> dict[str, list[dict]]:
@@ -67,7 +69,7 @@ def _unchunked(rows: Sequence[dict]) -> list[dict]:
 
 
 def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
     for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
         group = sorted(group, key=lambda r: r["prompt_tokens"])
         ax.plot([r["prompt_tokens"] for r in group], [r["prefill_ms"] for r in group], "o-", label=label)
@@ -78,7 +80,7 @@ def prefill_vs_prompt_length(rows: Sequence[dict], path: Path) -> Path:
 
 
 def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
     steps = steps_swept(rows)
     for row in _unchunked(rows):
         start = row["prompt_tokens"]
@@ -94,7 +96,7 @@ def decode_vs_context_position(rows: Sequence[dict], path: Path) -> Path:
 
 
 def memory_vs_sequence_length(rows: Sequence[dict], path: Path) -> Path:
-    fig, ax = plt.subplots(figsize=(6.4, 4))
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
     for label, group in _group(_unchunked(rows), ("batch_size", "dtype")).items():
         xs, measured, formula = [], [], []
         for r in sorted(group, key=lambda r: r["prompt_tokens"]):
@@ -121,21 +123,42 @@ def memory_vs_sequence_length(rows: Sequence[dict], path: Path) -> Path:
     return _save(fig, path)
 
 
-def ttft_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+def _vs_chunk_size(rows: Sequence[dict], path: Path, key: str, scale: float, ylabel: str, title: str) -> Path:
+    """``key`` (divided by ``scale``) against the prefill chunk size (the whole prompt for no
+    chunking), a line per prompt length x batch x dtype."""
+    fig, ax = plt.subplots(figsize=FIGSIZE_IN)
     for label, group in _group(rows, ("prompt_tokens", "batch_size", "dtype")).items():
         group = sorted(group, key=lambda r: r.get("prefill_chunk_size") or r["prompt_tokens"])
         xs = [r.get("prefill_chunk_size") or r["prompt_tokens"] for r in group]
-        left.plot(xs, [r["prefill_ms"] for r in group], "o-", label=label)
-        right.plot(xs, [r["peak_memory_bytes"] / MIB for r in group], "o-", label=label)
-    for ax, name in ((left, "prefill_ms (local TTFT) [ms]"), (right, "peak_memory_bytes [MiB]")):
-        _label_axes(ax, "prefill chunk size [tokens] (no chunking = prompt length)", name)
-    fig.suptitle("Chunked prefill: TTFT and peak memory against chunk size")
+        ax.plot(xs, [r[key] / scale for r in group], "o-", label=label)
+    _label_axes(ax, "prefill chunk size [tokens] (no chunking = prompt length)", ylabel, title)
     return _save(fig, path)
 
 
+def ttft_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
+    return _vs_chunk_size(
+        rows,
+        path,
+        "prefill_ms",
+        1.0,
+        "prefill_ms (local TTFT) [ms]",
+        "Chunked prefill: TTFT against chunk size",
+    )
+
+
+def peak_memory_vs_chunk_size(rows: Sequence[dict], path: Path) -> Path:
+    return _vs_chunk_size(
+        rows,
+        path,
+        "peak_memory_bytes",
+        MIB,
+        "peak_memory_bytes [MiB]",
+        "Chunked prefill: peak memory against chunk size",
+    )
+
+
 def write_profile_plots(results: Sequence[ProfilePointResult], folder: str | Path) -> list[Path]:
-    """Write the four PNGs for the successful points into ``folder``; returns their paths
+    """Write the five PNGs for the successful points into ``folder``; returns their paths
     (none when no point succeeded)."""
     ok: list[dict[str, Any]] = [r.to_dict() for r in results if not r.failed]
     if not ok:
@@ -147,4 +170,5 @@ def write_profile_plots(results: Sequence[ProfilePointResult], folder: str | Pat
         decode_vs_context_position(ok, folder / "decode_ms_vs_context_position.png"),
         memory_vs_sequence_length(ok, folder / "memory_vs_sequence_length.png"),
         ttft_vs_chunk_size(ok, folder / "ttft_vs_prefill_chunk_size.png"),
+        peak_memory_vs_chunk_size(ok, folder / "peak_memory_vs_prefill_chunk_size.png"),
     ]

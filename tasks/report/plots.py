@@ -1,16 +1,17 @@
 """PNG plots of the stream stage (matplotlib, Agg backend: no display needed).
 
 - :func:`level_histograms`: one level's TTFT histogram (one value per successful measured
-  request) beside its ITL histogram (every gap between text-carrying chunks, pooled).
+  request) and its ITL histogram (every gap between text-carrying chunks, pooled).
 - :func:`load_curves`: p50 / p99 of TTFT, ITL, TPOT and E2E (ms) and output tokens/s against
-  max_concurrency, one line per request rate (``inf`` for none).
+  max_concurrency, one line per request rate (``inf`` for none), a PNG per metric.
 - :func:`token_count_bars`: token count per prompt and tokenizer (the tokenize stage).
 - :func:`sweep_vs_temperature`: distinct-1/2, identical fraction and TTFT / E2E means against
-  temperature (the sampling sweep).
+  temperature (the sampling sweep), a PNG per metric.
 
-Both take the stage's JSON shapes (a level is ``{"max_concurrency", "request_rate",
-"metrics", "requests"}``; a request is ``RequestRecord.to_json()``), write one PNG and return
-its path. Imports only matplotlib and polars.
+Every PNG holds one chart (one Axes) at :data:`FIGSIZE_IN`; the stream and sweep writers take
+a folder and return the paths they wrote. They take the stage's JSON shapes (a level is
+``{"max_concurrency", "request_rate", "metrics", "requests"}``; a request is
+``RequestRecord.to_json()``). Imports only matplotlib and polars.
 """
 
 from __future__ import annotations
@@ -52,41 +53,51 @@ def rate_label(request_rate: float | None) -> str:
     return f"{request_rate:g}"
 
 
-def level_histograms(level: dict[str, Any], path: str | Path, bins: int = 40) -> Path:
-    """TTFT and ITL histograms (ms) of one level's successful, non-warm-up requests."""
+# One chart per PNG at one size: 6.4 x 4.2 inches at 100 dpi = 640 x 420 px, which MLflow's
+# artifact viewer shows unscaled; a multi-panel grid was shrunk to its pane's width and its
+# labels became unreadable (issue 14).
+FIGSIZE_IN = (6.4, 4.2)
+DPI = 100
+
+
+def _figure() -> tuple[Any, Any]:
+    """A new figure holding exactly one Axes, at :data:`FIGSIZE_IN`."""
+    return plt.subplots(figsize=FIGSIZE_IN)
+
+
+def save_figures(figures: dict[str, Any], folder: str | Path) -> list[Path]:
+    """Write each ``{file name: figure}`` as ``folder/name`` (PNG, :data:`DPI`), close it, and
+    return the paths in the dict's order."""
+    return [_save(fig, Path(folder) / name) for name, fig in figures.items()]
+
+
+def level_histogram_figures(level: dict[str, Any], stem: str, bins: int = 40) -> dict[str, Any]:
+    """``{stem}_ttft_hist.png`` (one TTFT per successful measured request) and
+    ``{stem}_itl_hist.png`` (every gap between text-carrying chunks, pooled), in ms."""
     ok = [r for r in level["requests"] if not r.get("warmup") and r.get("error") is None]
-    ttft = [r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None]
-    itl = [gap for r in ok for gap in (r.get("itl_ms") or [])]
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    title = f"max_concurrency={level['max_concurrency']} request_rate={rate_label(level['request_rate'])}"
-    for ax, values, name in ((axes[0], ttft, "TTFT"), (axes[1], itl, "ITL (gap between text chunks)")):
+    series = {
+        "ttft": ([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None], "TTFT"),
+        "itl": ([gap for r in ok for gap in (r.get("itl_ms") or [])], "ITL (gap between text chunks)"),
+    }
+    where = f"max_concurrency={level['max_concurrency']} request_rate={rate_label(level['request_rate'])}"
+    figures = {}
+    for key, (values, name) in series.items():
+        fig, ax = _figure()
         if values:
             ax.hist(values, bins=bins, color="#3a6ea5")
         else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
         ax.set_xlabel(f"{name.split(' ')[0]} [ms]")
         ax.set_ylabel("count")
-        ax.set_title(f"{name}, n={len(values)}")
-    fig.suptitle(title)
-    fig.tight_layout()
-    return _save(fig, path)
+        ax.set_title(f"{name}, n={len(values)}\n{where}", fontsize=10)
+        fig.tight_layout()
+        figures[f"{stem}_{key}_hist.png"] = fig
+    return figures
 
 
-def load_curves(levels: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """p50 / p99 latencies and output tokens/s against max_concurrency, a line per rate."""
-    return _save(load_curves_figure(levels), path)
-
-
-def _grid(panels: int) -> tuple[Any, list[Any]]:
-    """A figure of ``panels`` charts, at most 3 a row, each about 4.6 x 3.4 inches (readable
-    in MLflow's artifact viewer, which scales a PNG to its pane's width); unused cells hidden."""
-    columns = min(3, panels)
-    rows = -(-panels // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 3.4 * rows), squeeze=False)
-    flat = list(axes.flat)
-    for ax in flat[panels:]:
-        ax.set_visible(False)
-    return fig, flat[:panels]
+def level_histograms(level: dict[str, Any], folder: str | Path, stem: str, bins: int = 40) -> list[Path]:
+    """Write :func:`level_histogram_figures` into ``folder``; returns the two PNG paths."""
+    return save_figures(level_histogram_figures(level, stem, bins), folder)
 
 
 def _concurrency_axis(ax: Any, values: Sequence[int]) -> None:
@@ -97,9 +108,21 @@ def _concurrency_axis(ax: Any, values: Sequence[int]) -> None:
     ax.set_xlabel("max_concurrency")
 
 
-def load_curves_figure(levels: Sequence[dict[str, Any]]) -> Any:
-    """The figure of :func:`load_curves`: a panel per latency (y from 0) and one for tokens/s,
-    against max_concurrency on a linear axis ticked at the levels."""
+# (metric stem in the level's metrics, y label): one load_<stem>.png each; latencies have a
+# p50 and a p99 line per request rate, throughput one line per rate.
+LOAD_CHARTS = (
+    ("ttft_ms", "TTFT [ms]"),
+    ("itl_ms", "ITL [ms]"),
+    ("tpot_ms", "TPOT [ms]"),
+    ("e2e_ms", "E2E [ms]"),
+    ("output_tokens_per_s", "output tokens/s"),
+)
+
+
+def load_curves_figures(levels: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``{"load_<metric>.png": figure}`` for each of :data:`LOAD_CHARTS`: the metric against
+    max_concurrency on a linear axis ticked at the levels run, y from 0, a line per request
+    rate (``inf`` for none); latencies plot p50 (solid) and p99 (dashed)."""
     rows = [
         {
             "max_concurrency": lv["max_concurrency"],
@@ -112,16 +135,15 @@ def load_curves_figure(levels: Sequence[dict[str, Any]]) -> Any:
         rows, schema={"max_concurrency": pl.Int64, "rate": pl.String, **{k: pl.Float64 for k in _CURVE_KEYS}}
     )
     frame = frame.sort("max_concurrency")
-    panels = [
-        ("ttft_ms", "TTFT [ms]"),
-        ("itl_ms", "ITL [ms]"),
-        ("tpot_ms", "TPOT [ms]"),
-        ("e2e_ms", "E2E [ms]"),
-    ]
-    fig, axes = _grid(5)
-    for k, ((rate,), group) in enumerate(frame.group_by(["rate"], maintain_order=True)):
-        x, color = group["max_concurrency"].to_list(), f"C{k}"
-        for ax, (name, label) in zip(axes, panels):
+    groups = list(frame.group_by(["rate"], maintain_order=True))
+    figures = {}
+    for name, label in LOAD_CHARTS:
+        fig, ax = _figure()
+        for k, ((rate,), group) in enumerate(groups):
+            x, color = group["max_concurrency"].to_list(), f"C{k}"
+            if name == "output_tokens_per_s":
+                ax.plot(x, group[name].to_list(), marker="o", color=color, label=f"rate={rate}")
+                continue
             ax.plot(x, group[f"{name}_p50"].to_list(), marker="o", color=color, label=f"p50 rate={rate}")
             ax.plot(
                 x,
@@ -131,15 +153,19 @@ def load_curves_figure(levels: Sequence[dict[str, Any]]) -> Any:
                 color=color,
                 label=f"p99 rate={rate}",
             )
-            ax.set_ylabel(label)
-        axes[4].plot(x, group["output_tokens_per_s"].to_list(), marker="o", color=color, label=f"rate={rate}")
-    axes[4].set_ylabel("output tokens/s")
-    for ax in axes:
+        ax.set_ylabel(label)
+        ax.set_title(f"{label.split(' [')[0]} against max_concurrency")
         _concurrency_axis(ax, frame["max_concurrency"].to_list())
         ax.set_ylim(bottom=0)
-        ax.legend(fontsize=7)
-    fig.tight_layout()
-    return fig
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        figures[f"load_{name}.png"] = fig
+    return figures
+
+
+def load_curves(levels: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """Write :func:`load_curves_figures` into ``folder``; returns the five PNG paths."""
+    return save_figures(load_curves_figures(levels), folder)
 
 
 _CURVE_KEYS = (
@@ -158,7 +184,7 @@ _CURVE_KEYS = (
 def _save(fig: Any, path: str | Path) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
 
@@ -186,11 +212,22 @@ def token_count_bars(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
         return _save(fig, path)
 
 
-def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> Path:
-    """Diversity (distinct-1, distinct-2, identical fraction) and latency (TTFT / E2E means, ms)
-    against temperature, one line per combination of the other parameters. ``points`` are the
-    sweep stage's point dicts (params and metrics side by side); points without figures (failed
-    or skipped) are left out."""
+# (point key, y label): one sweep_<key>_vs_temperature.png each.
+SWEEP_CHARTS = (
+    ("distinct_1", "distinct-1"),
+    ("distinct_2", "distinct-2"),
+    ("identical_fraction", "identical fraction"),
+    ("ttft_ms_mean", "TTFT mean [ms]"),
+    ("e2e_ms_mean", "E2E mean [ms]"),
+)
+
+
+def sweep_figures(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``{"sweep_<key>_vs_temperature.png": figure}`` for each of :data:`SWEEP_CHARTS`:
+    diversity (distinct-1, distinct-2, identical fraction) and latency (TTFT / E2E means, ms)
+    against temperature, y from 0, one line per combination of the other parameters.
+    ``points`` are the sweep stage's point dicts (params and metrics side by side); points
+    without figures (failed or skipped) are left out."""
     others = ("top_p", "top_k", "seed", "max_tokens")
     groups: dict[str, list[dict[str, Any]]] = {}
     for p in points:
@@ -198,30 +235,30 @@ def sweep_vs_temperature(points: Sequence[dict[str, Any]], path: str | Path) -> 
             continue
         label = " ".join(f"{k}={p.get(k)}" for k in others if p.get(k) is not None)
         groups.setdefault(label, []).append(p)
-    panels = [
-        ("distinct_1", "distinct-1"),
-        ("distinct_2", "distinct-2"),
-        ("identical_fraction", "identical fraction"),
-        ("ttft_ms_mean", "TTFT mean [ms]"),
-        ("e2e_ms_mean", "E2E mean [ms]"),
-    ]
-    fig, axes = _grid(len(panels))
-    for label, group in groups.items():
-        group = sorted(group, key=lambda p: p["temperature"])
-        for ax, (key, _) in zip(axes, panels):
+    figures = {}
+    for key, name in SWEEP_CHARTS:
+        fig, ax = _figure()
+        for label, group in groups.items():
+            group = sorted(group, key=lambda p: p["temperature"])
             ax.plot(
                 [p["temperature"] for p in group],
                 [p.get(key) for p in group],
                 marker="o",
                 label=label or "all",
             )
-    for ax, (_, name) in zip(axes, panels):
         ax.set_xlabel("temperature")
         ax.set_ylabel(name)
+        ax.set_title(f"{name.split(' [')[0]} against temperature")
         ax.set_ylim(bottom=0)  # fractions and times: read from 0
-        if not groups:
+        if groups:
+            ax.legend(fontsize=8)
+        else:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes)
-    if groups:
-        axes[0].legend(fontsize=7)
-    fig.tight_layout()
-    return _save(fig, path)
+        fig.tight_layout()
+        figures[f"sweep_{key}_vs_temperature.png"] = fig
+    return figures
+
+
+def sweep_vs_temperature(points: Sequence[dict[str, Any]], folder: str | Path) -> list[Path]:
+    """Write :func:`sweep_figures` into ``folder``; returns the five PNG paths."""
+    return save_figures(sweep_figures(points), folder)

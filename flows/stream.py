@@ -32,7 +32,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     logger = get_run_logger()
     # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:
     # a setting that cannot work fails the flow run here, in seconds, before any MLflow run
-    check_flow_settings(config.endpoint)
+    check_flow_settings(config.endpoint, api=config.stream.api)
     tags = {
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",

@@ -131,13 +131,20 @@ def _served_models(body: str) -> list[str] | None:
 
 
 def check_endpoint(
-    base_url: str, model: str, key: str | None, key_env: str | None, timeout_s: float = 10.0
+    base_url: str,
+    model: str,
+    key: str | None,
+    key_env: str | None,
+    timeout_s: float = 10.0,
+    api: str = "chat",
 ) -> None:
     """Run the pre-flight checks (module docstring) against ``base_url`` (``…/v1``).
 
     Args:
         key: the API key to send (None: none); ``key_env`` names where it came from.
         timeout_s: per check; a server slower than that is left to the run.
+        api: ``chat`` probes ``/chat/completions``, ``completions`` ``/completions`` (the
+            endpoint the run will stream from).
 
     Raises:
         PreflightError: naming ``base_url``, ``model`` or ``api_key_env``, with the fix.
@@ -153,14 +160,13 @@ def check_endpoint(
             shown = ", ".join(served[:5]) + (", ..." if len(served) > 5 else "")
             raise PreflightError("model", f"the server does not serve {model!r}; it serves: {shown}")
         return
-    request = {
-        "model": model,
-        "messages": [{"role": "user", "content": "ping"}],
-        "max_tokens": 1,
-        "max_completion_tokens": 1,
-        "stream": True,
-    }
-    status, body = _call(f"{base}/chat/completions", key, request, timeout_s)
+    request = {"model": model, "max_tokens": 1, "stream": True}
+    if api == "completions":
+        path, request["prompt"] = "completions", "ping"
+    else:
+        path, request["messages"] = "chat/completions", [{"role": "user", "content": "ping"}]
+        request["max_completion_tokens"] = 1
+    status, body = _call(f"{base}/{path}", key, request, timeout_s)
     if status in (401, 403):
         raise _key_error(status, body, key_env)
     if status == 404:
@@ -169,7 +175,7 @@ def check_endpoint(
             raise PreflightError("model", f"the server answered 404 ({said}); give a model name it serves")
         hint = f"; try {base}/v1" if not base.endswith("/v1") else "; check the URL's path"
         raise PreflightError(
-            "base_url", f"{base}/chat/completions answered 404 (not an OpenAI-compatible base URL){hint}"
+            "base_url", f"{base}/{path} answered 404 (not an OpenAI-compatible base URL){hint}"
         )
 
 
@@ -236,7 +242,9 @@ def check_hf_source(spec: str, setting: str) -> None:
     )
 
 
-def check_settings(endpoint: Any, local_model: str | None = None, timeout_s: float = 10.0) -> None:
+def check_settings(
+    endpoint: Any, local_model: str | None = None, timeout_s: float = 10.0, api: str = "chat"
+) -> None:
     """Every pre-flight check of a stage's settings, as the run would meet them: the local
     model's and the tokenizer's ``hf:`` source (:func:`check_hf_source`), then, when
     ``endpoint.base_url`` and ``endpoint.model`` are set, :func:`check_endpoint` with the key
@@ -263,14 +271,14 @@ def check_settings(endpoint: Any, local_model: str | None = None, timeout_s: flo
     if endpoint.base_url and endpoint.model:
         key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
         key = os.environ.get(key_env) if key_env else None
-        check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s)
+        check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api)
 
 
 class SettingsError(ValueError):
     """A flow's setting that cannot work; the message is :meth:`PreflightError.line`."""
 
 
-def check_flow_settings(endpoint: Any, local_model: str | None = None) -> None:
+def check_flow_settings(endpoint: Any, local_model: str | None = None, api: str = "chat") -> None:
     """:func:`check_settings` for a flow run, which may come from the Prefect UI or a
     deployment without the CLI's checks: a failure fails the flow run at once, before its
     first level or MLflow run, with one line naming the config path and the fix.
@@ -279,6 +287,6 @@ def check_flow_settings(endpoint: Any, local_model: str | None = None) -> None:
         SettingsError: e.g. ``endpoint.model: the server does not serve 'x'; it serves: ...``.
     """
     try:
-        check_settings(endpoint, local_model)
+        check_settings(endpoint, local_model, api=api)
     except PreflightError as exc:
         raise SettingsError(exc.line()) from None

@@ -121,6 +121,10 @@ def test_llama_base_url_without_v1_suggests_v1(llama, tmp_path) -> None:
     )
     _one_line_exit_2(result, "--base-url", "/v1")
     assert took_s < 30
+    # with --api completions the probe (and so the 404 it names) is /completions
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(root, llama.model, "right-key", "K", api="completions")
+    assert f"{root}/completions answered 404" in caught.value.message
 
 
 def test_llama_wrong_key_and_unserved_model(llama) -> None:
@@ -215,3 +219,12 @@ def test_flows_run_the_preflight_without_the_cli(server, prefect_server, mlflow_
             os.environ.pop(name)
     assert state.is_failed() and "sweep.local_model: 'hf:some-org/absent-model' is not" in state.message
     assert runs() == runs_before  # each failed before its MLflow parent run
+
+
+def test_completions_api_probes_the_completions_path(server) -> None:
+    # `--api completions` streams /v1/completions: the pre-flight probes that path, so a server
+    # serving only completions is not refused, and a missing /v1 names that path
+    check_endpoint(server.base_url, "ticks:3:5", None, None, api="completions")  # no exception
+    with pytest.raises(PreflightError) as caught:
+        check_endpoint(server.base_url, "http_401", "wrong", "MY_KEY", api="completions")
+    assert caught.value.setting == "api_key_env"

@@ -136,7 +136,8 @@ def check_remote_endpoint(config: BaseModel, flags: dict[str, str] | None = None
     from tasks.preflight import PreflightError, check_settings
 
     try:
-        check_settings(config.endpoint)
+        stream = getattr(config, "stream", None)  # a sweep streams chat; a stream may use completions
+        check_settings(config.endpoint, api=getattr(stream, "api", "chat"))
     except PreflightError as exc:
         fail_input(exc.line(flags))
 

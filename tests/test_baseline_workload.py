@@ -118,3 +118,14 @@ def test_the_cli_names_the_regressed_metrics_and_the_baseline_runs(tmp_path, cap
     print_verdict(judge(tracker, other, {"ttft_ms_p50": 1.0}, IDENT, RegressionConfig()).to_dict())
     out = capsys.readouterr().out
     assert "incomparable" in out and "stream.max_tokens 32 vs 8" in out
+
+
+def test_a_baseline_without_workload_records_is_judged_and_new_fields_default():
+    # logged by hand (metrics only): the workload is unknown, not different
+    assert workload_differences({"stream.max_tokens": "8", "endpoint_kind": "llama.cpp"}, {}, "r") == []
+    # an audit logged before stream.api / dataset / duration_s existed ran with their defaults
+    before = {"stream.max_tokens": "8"}
+    now = {"stream.max_tokens": "8", "stream.api": "chat", "stream.dataset": "null"}
+    assert workload_differences(now, before, "r") == []
+    completions = {**now, "stream.api": "completions"}
+    assert [d.field for d in workload_differences(completions, before, "r")] == ["stream.api"]

@@ -52,6 +52,10 @@ WORKLOAD_PARAMS = (
 #: The parent run's tags that define the workload: the engine and the model file it served.
 WORKLOAD_TAGS = ("endpoint_kind", "endpoint_model", "endpoint_model_sha256")
 
+#: Workload params added after audits were first logged, with the value (as logged) that an
+#: older baseline, which lacks them, ran with.
+ADDED_LATER = {"stream.api": "chat", "stream.dataset": "null", "stream.duration_s": "null"}
+
 #: How many earlier audits the automatic search reads to find N with the same workload.
 _SEARCH_DEPTH = 50
 
@@ -98,7 +102,18 @@ def workload_differences(
     current: Mapping[str, str | None], baseline: Mapping[str, str | None], baseline_run_id: str
 ) -> list[WorkloadDifference]:
     """The workload fields (see :func:`workload`) where ``baseline`` differs from ``current``;
-    [] = like with like."""
+    [] = like with like.
+
+    A baseline that recorded no workload field at all (a run logged by hand, metrics only) has an
+    unknown workload and is judged as it is. A field added after a baseline was logged counts as
+    its default where it is missing (:data:`ADDED_LATER`), so older audits still compare.
+    """
+    if all(value is None for value in baseline.values()):
+        return []
+    current, baseline = (
+        {**side, **{k: v for k, v in ADDED_LATER.items() if side.get(k) is None}}
+        for side in (current, baseline)
+    )
     return [
         WorkloadDifference(key, current.get(key), baseline.get(key), baseline_run_id)
         for key in dict.fromkeys([*current, *baseline])

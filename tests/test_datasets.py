@@ -206,6 +206,18 @@ def test_stream_command_drives_a_sharegpt_file(server, tmp_path: Path, tokenizer
         [*base, "--dataset", f"sharegpt:{bad}", "--no-track"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 2 and str(bad) in proc.stderr and "row 2" in proc.stderr
+    # every conversation fails vLLM's length filter (fewer than 4 tokens each way): exit 2
+    # before the run, naming the file and the first row, like a wrong shape
+    short = _write(
+        tmp_path / "short.json",
+        [{"conversations": [{"from": "human", "value": "Hi"}, {"from": "gpt", "value": "Yo"}]}] * 2,
+    )
+    proc = subprocess.run(
+        [*base, "--dataset", f"sharegpt:{short}", "--no-track"], capture_output=True, text=True, timeout=120
+    )
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert str(short) in lines[0] and "row 1" in lines[0] and "length filter" in lines[0]
     proc = subprocess.run(
         [*base, "--dataset", f"jsonl:{bad}", "--prompt", "x", "--no-track"],
         capture_output=True,

@@ -207,7 +207,7 @@ def command(
             "enabled": True,
         },
     )
-    check_dataset(cfg.stream, prompt or prompts or input_len)
+    check_dataset(cfg, prompt or prompts or input_len)
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 

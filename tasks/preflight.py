@@ -15,9 +15,11 @@ The checks, in order (:func:`check_endpoint`):
 3. When ``/models`` did not settle it (404: a server without the route, or a base URL without
    ``/v1``): ``POST {base_url}/chat/completions`` with one output token, read to the status
    line only: 404 -> ``base_url`` (suggesting ``/v1`` when it is missing) or ``model`` (when
-   the server says the model does not exist), 401/403 -> ``api_key_env``.
+   the server says the model does not exist), 401/403 -> ``api_key_env``, 405/501 (a web server
+   that takes no POST there, e.g. a static file server) -> ``base_url``. ``--api completions``
+   probes ``POST {base_url}/completions`` instead.
 
-Any other answer (5xx, 400, 429, a slow server) is left to the run, which records it per
+Any other answer (other 5xx, 400, 429, a slow server) is left to the run, which records it per
 request: pre-flight only stops settings that can never work.
 """
 
@@ -176,6 +178,12 @@ def check_endpoint(
         hint = f"; try {base}/v1" if not base.endswith("/v1") else "; check the URL's path"
         raise PreflightError(
             "base_url", f"{base}/{path} answered 404 (not an OpenAI-compatible base URL){hint}"
+        )
+    if status in (405, 501):  # a web server, but not one that takes an OpenAI POST there
+        raise PreflightError(
+            "base_url",
+            f"{base}/{path} answered {status} (the server does not take POST there: not an "
+            "OpenAI-compatible base URL); check the URL",
         )
 
 

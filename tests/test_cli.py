@@ -108,3 +108,21 @@ def test_prefect_api_down_is_one_line_naming_the_url():
     url = f"http://127.0.0.1:{_closed_port()}/api"
     result = _run(["serve"], env={"PREFECT_API_URL": url})
     assert result.returncode == 2 and url in result.stderr and "Traceback" not in result.stderr
+
+
+def test_an_unwritable_json_path_exits_2_before_the_run(tmp_path):
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("x", encoding="utf-8")
+    for path, needle in ((tmp_path, "is a folder"), (a_file / "out.json", "is a file")):
+        started = time.monotonic()
+        result = _run(["tokenize", "--text", "hi", "--no-track", "--json", str(path)])
+        assert result.returncode == 2 and needle in result.stderr, result.stderr[-2000:]
+        assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+        assert time.monotonic() - started < 60  # before the run: no model load, no Prefect start
+
+
+def test_tracking_server_down_is_one_line_for_every_command():
+    url = f"http://127.0.0.1:{_closed_port()}"
+    result = _run(["tokenize", "--text", "hi"], env={"MLFLOW_TRACKING_URI": url}, timeout=120)
+    assert result.returncode == 2 and url in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr

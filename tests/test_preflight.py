@@ -228,3 +228,30 @@ def test_completions_api_probes_the_completions_path(server) -> None:
     with pytest.raises(PreflightError) as caught:
         check_endpoint(server.base_url, "http_401", "wrong", "MY_KEY", api="completions")
     assert caught.value.setting == "api_key_env"
+
+
+def test_a_static_file_server_is_not_an_openai_endpoint(tmp_path) -> None:
+    # python's http.server answers GET /models with 404 and POST with 501: one line on base_url
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    web = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "-d", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        with pytest.raises(PreflightError) as caught:
+            check_endpoint(f"http://127.0.0.1:{port}/v1", "m", None, None)
+        assert caught.value.setting == "base_url" and "501" in caught.value.message
+    finally:
+        web.terminate()
+        web.wait(timeout=10)

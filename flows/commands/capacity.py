@@ -159,7 +159,7 @@ def print_capacity(capacity: dict) -> None:
     rate, tokens = capacity["capacity_requests_per_s"], capacity["capacity_output_tokens_per_s"]
     console.print(
         f"capacity: {fmt_value(rate)} req/s, {fmt_value(tokens)} output tokens/s; bracket "
-        f"{capacity['bracket_requests_per_s']} req/s",
+        f"[{', '.join(fmt_value(v) for v in capacity['bracket_requests_per_s'] or ())}] req/s",
         highlight=False,
     )
     console.print(f"stopped: {capacity['stop_reason']}", highlight=False)

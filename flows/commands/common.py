@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
@@ -22,7 +23,16 @@ from tasks.config import ConfigError, describe_validation_error, load_config
 T = TypeVar("T")
 
 #: The options every flow command takes, declared once (typer reads the Annotated metadata).
-JsonOption = Annotated[Optional[Path], typer.Option("--json", help="Write the result here.")]
+
+
+def _json_path(path: Path | None) -> Path | None:
+    check_json_path(path)  # at parse time: before any model load, server start or request
+    return path
+
+
+JsonOption = Annotated[
+    Optional[Path], typer.Option("--json", help="Write the result here.", callback=_json_path)
+]
 NoTrackOption = Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")]
 
 
@@ -201,6 +211,9 @@ def run_flow(
     from flows.commands.prefect_api import prefect_api
     from flows.runs import latest_workdir
 
+    # before anything runs: a dead tracking server or Prefect API would cost minutes of retries
+    # (the --json path is checked when the option is parsed: JsonOption)
+    preflight(track=kwargs.get("track", True))
     try:
         with prefect_api():
             state = flow(*args, return_state=True, **kwargs)
@@ -219,6 +232,22 @@ def run_flow(
         raise typer.Exit(1)
     write_json(json_path, {key: result[key] for key in (*json_keys, "mlflow_run_id")})
     return state, result
+
+
+def check_json_path(path: Path | None) -> None:
+    """Exit 2 when ``--json PATH`` could not be written after the run: PATH is a folder, or a
+    file stands where one of its folders would be made, or its folder is not writable."""
+    if path is None:
+        return
+    if path.is_dir():
+        fail_input(f"--json {path}: is a folder; give a file path such as {path / 'result.json'}")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                fail_input(f"--json {path}: {parent} is a file, not a folder; choose another path")
+            if not os.access(parent, os.W_OK | os.X_OK):
+                fail_input(f"--json {path}: cannot write in {parent}; choose another path")
+            break
 
 
 def write_json(path: Path | None, data: dict) -> None:

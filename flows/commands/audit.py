@@ -76,6 +76,9 @@ def command(
         json_keys=("stages", "headline", "errors", "regression"),
     )
     print_headline("infermeter audit: headline", result["headline"])
+    decode = ((result.get("stages") or {}).get("profile") or {}).get("decode_verdict")
+    if decode:  # the roofline's word on the first profile point (summary.md has the details)
+        console.print(decode[:1].upper() + decode[1:], highlight=False)
     console.print(f"Records on disk: {result['workdir']}", highlight=False)
     print_run_links(result)
     verdict = result.get("regression")

@@ -100,3 +100,44 @@ def test_failed_breakdown_keeps_the_timing(tmp_path):
     assert bad["breakdown"]["failed"] and bad["breakdown"]["error"].startswith("DecoderLayersNotFound: ")
     assert bad["roofline"]["failed"]
     assert point.prefill_ms > 0 and len(point.decode_ms) == 2  # the measurement stands
+
+
+def test_profile_breakdown_lands_in_mlflow_with_its_table_plots_and_trace(tmp_path):
+    """``infermeter profile --breakdown`` as a user runs it: the point's MLflow run holds the
+    per-part table, the stacked-share and roofline plots and the Chrome trace (issue 12)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    out = tmp_path / "out.json"
+    env = {
+        **os.environ,
+        "MLFLOW_TRACKING_URI": uri,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "INFERMETER_WORK_DIR": str(tmp_path / "work"),
+    }
+    command = [str(Path(sys.executable).parent / "infermeter"), "profile", "--model", "arch:smollm2-135m"]
+    command += ["--num-layers", "2", "--prompt-lengths", "16", "--max-new-tokens", "2", "--repeats", "1"]
+    result = subprocess.run(
+        [*command, "--breakdown", "--json", str(out)], capture_output=True, text=True, timeout=600, env=env
+    )
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "memory-bound" in result.stdout or "compute-bound" in result.stdout
+    [point] = json.loads(out.read_text())["points"]
+    assert point["breakdown"] and point["roofline"]
+    client = MlflowClient(tracking_uri=uri)
+    runs = client.search_runs(
+        [e.experiment_id for e in client.search_experiments()], "tags.stage = 'profile_point'"
+    )
+    assert len(runs) == 1
+    listed = {a.path for a in client.list_artifacts(runs[0].info.run_id, "breakdown")}
+    assert {
+        "breakdown/breakdown_table.json",
+        "breakdown/breakdown_shares.png",
+        "breakdown/roofline.png",
+        "breakdown/trace.json",
+    } <= listed, listed

@@ -116,12 +116,15 @@ def _error_text(body: str) -> str:
     return " ".join(text.split())[:200]
 
 
-def _key_error(status: int, body: str, key_env: str | None) -> PreflightError:
+def _key_error(status: int, body: str, key_env: str | None, key: str | None = None) -> PreflightError:
+    said = _error_text(body)
+    if key:  # some servers and proxies echo the key they refused: it never reaches a message
+        said = said.replace(key, "***")
     if key_env:
         fix = f"the key in {key_env} was refused; put the right key in {key_env}"
     else:
         fix = "no key was sent (nor OPENAI_API_KEY); name the variable that holds the key"
-    return PreflightError("api_key_env", f"the server answered {status} ({_error_text(body)}): {fix}")
+    return PreflightError("api_key_env", f"the server answered {status} ({said}): {fix}")
 
 
 def _served_models(body: str) -> list[str] | None:
@@ -155,7 +158,7 @@ def check_endpoint(
     check_reachable(base, min(timeout_s, 5.0))
     status, body = _call(f"{base}/models", key, None, timeout_s)
     if status in (401, 403):
-        raise _key_error(status, body, key_env)
+        raise _key_error(status, body, key_env, key)
     served = _served_models(body) if status == 200 else None
     if served:
         if model not in served:
@@ -170,7 +173,7 @@ def check_endpoint(
         request["max_completion_tokens"] = 1
     status, body = _call(f"{base}/{path}", key, request, timeout_s)
     if status in (401, 403):
-        raise _key_error(status, body, key_env)
+        raise _key_error(status, body, key_env, key)
     if status == 404:
         said = _error_text(body)
         if "model" in said.lower():

@@ -360,7 +360,7 @@ def background_server(
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "tasks.lifeline", str(watch), *command],
+                [sys.executable, "-P", "-m", "tasks.lifeline", str(watch), *command],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -368,6 +368,9 @@ def background_server(
                 start_new_session=True,
                 pass_fds=(watch,),
             )
+    except BaseException:
+        os.close(hold)  # no server: nothing to watch
+        raise
     finally:
         os.close(watch)
     try:

@@ -225,3 +225,21 @@ def test_stream_command_drives_a_sharegpt_file(server, tmp_path: Path, tokenizer
         timeout=120,
     )
     assert proc.returncode == 2 and "--dataset" in proc.stderr
+
+
+def test_output_lengths_follow_their_prompts_across_client_processes(server, tmp_path: Path) -> None:
+    """With 2 client processes each request still carries its own row's output length (the
+    processes continue after the warm-up's prompts: the lengths must rotate with them)."""
+    rows = [{"prompt": f"row {i} says hello", "output_len": 5 + i} for i in range(6)]
+    path = _write(tmp_path / "rows.jsonl", "\n".join(json.dumps(r) for r in rows) + "\n")
+    server.reset()
+    command = [str(BIN), "stream", "--base-url", server.base_url, "--model", "single"]
+    command += ["--tokenizer", "gguf:default", "--dataset", f"jsonl:{path}", "--max-concurrency", "2"]
+    command += ["--client-processes", "2", "--num-requests", "4", "--warmup", "1", "--no-track"]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    wanted = {r["prompt"]: r["output_len"] for r in rows}
+    bodies = [b for b in server.stats()["requests"] if b["messages"][0]["content"] in wanted]
+    assert len(bodies) == 5  # warm-up + 4 measured
+    for body in bodies:
+        assert body["max_tokens"] == wanted[body["messages"][0]["content"]], body

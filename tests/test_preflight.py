@@ -255,3 +255,12 @@ def test_a_static_file_server_is_not_an_openai_endpoint(tmp_path) -> None:
     finally:
         web.terminate()
         web.wait(timeout=10)
+
+
+def test_a_refused_key_echoed_by_the_server_never_reaches_the_message() -> None:
+    from tasks.preflight import _key_error
+
+    body = '{"error": {"message": "invalid api key sk-test-0123456789"}}'
+    error = _key_error(401, body, "MY_KEY", "sk-test-0123456789")
+    assert "sk-test-0123456789" not in error.message and "***" in error.message
+    assert error.setting == "api_key_env" and "MY_KEY" in error.message

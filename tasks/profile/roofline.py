@@ -102,6 +102,8 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype, repeats: in
         return _best_seconds(lambda: torch.mm(a, b), device, repeats)
 
     copy_s, mm_s = copy_seconds(), matmul_seconds()
+    if torch.device(device).type == "cuda":
+        torch.cuda.empty_cache()  # the benchmark's blocks must not count as a point's memory
     ceilings = DeviceCeilings(
         device=str(device),
         dtype=str(dtype).removeprefix("torch."),

@@ -129,6 +129,8 @@ def run_level_processes(
         warmup=0,
         prompts=_rotated(settings.prompts, settings.warmup),
         prompt_tokens=_rotated(counts, settings.warmup) if counts else None,
+        # a dataset's per-request output lengths belong to their prompts: rotated alike
+        output_lens=_rotated(settings.output_lens, settings.warmup) if settings.output_lens else None,
     )
     ctx = mp.get_context("spawn")
     out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)

@@ -148,7 +148,8 @@ def run_point_local(
             record.output_text = tokenizer.decode(new_ids, skip_special_tokens=True)
             record.output_tokens = len(new_ids)
             record.output_tokens_source = "generate"
-            token_ns = clock.calls_ns[1:]  # the first put is the prompt
+            # the first put is the prompt; a trailing EOS (dropped above) carries no text
+            token_ns = clock.calls_ns[1 : 1 + len(new_ids)]
             if token_ns and new_ids:
                 timing = chunk_timing(send_ns, token_ns, record.output_tokens)
                 record.token_offsets_ms = list(timing.token_offsets_ms)

@@ -131,6 +131,12 @@ SCHEDULE_TEXT = ["Hello", " big", " world", " of", " tokens"]
 SCHEDULE_USAGE_TOKENS = 9  # chunks carry several tokens: the usage count is not the chunk count
 SCHEDULE_USAGE_DELAY_MS = 300
 
+#: The "utf8_split" scenario's event ("世界" in raw UTF-8) and where it is cut: inside the
+#: first character's three bytes.
+UTF8_SPLIT_TEXT = "世界"
+UTF8_SPLIT_EVENT = f"data: {json.dumps(_chunk(UTF8_SPLIT_TEXT), ensure_ascii=False)}\n\n".encode()
+UTF8_SPLIT_AT = UTF8_SPLIT_EVENT.index(UTF8_SPLIT_TEXT.encode()) + 1
+
 SCENARIOS: dict[str, list[tuple]] = {
     # role-only chunk at once, then 5 text chunks 100 ms / 50 ms apart, usage 300 ms later.
     "schedule": [
@@ -271,6 +277,62 @@ SCENARIOS: dict[str, list[tuple]] = {
     # arrives when the event completes, at 60 ms), CRLF line ends, and two events in one write
     # (the second gap is 0: they arrive together).
     "split": _split_steps(lambda text=None, **kw: _chunk(text, **kw)),
+    # Cases from public reports (issue 11) ------------------------------------------------
+    # a three-byte UTF-8 character cut between two writes 50 ms apart (vLLM #38717): the text
+    # is exact (no U+FFFD) and the token arrives with the second half, at 70 ms
+    "utf8_split": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("bytes", UTF8_SPLIT_EVENT[:UTF8_SPLIT_AT]),
+        ("sleep", 50),
+        ("bytes", UTF8_SPLIT_EVENT[UTF8_SPLIT_AT:]),
+        ("data", _usage(1)),
+        ("data", "[DONE]"),
+    ],
+    # CRLF line ends throughout (the SSE specification allows them): timed like LF events
+    "crlf": [
+        ("raw", f"data: {json.dumps(_chunk(role='assistant'))}\r\n\r\n"),
+        ("sleep", 40),
+        ("raw", f"data: {json.dumps(_chunk('one'))}\r\n\r\n"),
+        ("sleep", 30),
+        ("raw", f"data: {json.dumps(_chunk(' two'))}\r\n\r\n"),
+        ("sleep", 30),
+        ("raw", f"data: {json.dumps(_chunk(' three'))}\r\n\r\n"),
+        ("raw", f"data: {json.dumps(_usage(3))}\r\n\r\ndata: [DONE]\r\n\r\n"),
+    ],
+    # an in-band error in its string form after two tokens (SGLang PR #38868)
+    "string_error": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("data", _chunk("Hello")),
+        ("sleep", 20),
+        ("data", _chunk(" world")),
+        ("data", {"error": "boom"}),
+    ],
+    # the whole answer in one text chunk, usage 300 ms later (genai-bench PR #44)
+    "one_chunk": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 30),
+        ("data", _chunk("The whole answer at once.")),
+        ("data", _chunk(finish="stop")),
+        ("sleep", 300),
+        ("data", _usage(6)),
+        ("data", "[DONE]"),
+    ],
+    # three events in one write: three arrivals, two gaps of 0
+    "three_in_one": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 30),
+        ("raw", "".join(f"data: {json.dumps(_chunk(t))}\n\n" for t in ("a", " b", " c"))),
+        ("data", _usage(3)),
+        ("data", "[DONE]"),
+    ],
+    # answers at once: for the achieved request rate
+    "instant": [
+        ("data", _chunk("ok")),
+        ("data", _usage(1)),
+        ("data", "[DONE]"),
+    ],
     # for concurrency: each request holds the server ~150 ms
     "hold": [
         ("data", _chunk(role="assistant")),
@@ -410,6 +472,10 @@ async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _Stat
         if kind == "reset":  # RST
             writer.transport.abort()
             return False
+        if kind == "bytes":  # exactly these bytes, in one write
+            writer.write(_http_chunk(step[1]))
+            await writer.drain()
+            continue
         if kind == "raw":
             text = step[1]
         else:

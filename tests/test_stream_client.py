@@ -561,7 +561,7 @@ def test_write_parquet(tmp_path: Path) -> None:
     assert requests["succeeded"].to_list() == [True, True, False]
     assert requests["error_class"].to_list() == [None, None, "timeout"]
     tokens = pl.read_parquet(tmp_path / "tokens.parquet")
-    assert tokens.columns == ["request_id", "index", "offset_ms", "gap_ms"]
+    assert tokens.columns == ["request_id", "index", "offset_ms", "gap_ms", "user_offset_ms"]
     assert tokens.height == 6
     first = tokens.filter(pl.col("request_id") == "r1")
     assert first["index"].to_list() == [0, 1, 2]

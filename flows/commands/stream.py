@@ -247,9 +247,12 @@ def print_levels(levels: list[dict]) -> None:
         ("output_tokens_per_s", "tok/s"),
         ("num_errors", "errors"),
         ("client_loop_lag_ms_p99", "lag\np99"),
+        ("coalesced_event_fraction", "coal-\nesced"),
     ]
+    clocks = {lv["metrics"].get("arrival_clock") for lv in levels} - {None}
     table = make_table(
-        "infermeter stream (ms; lag = client event-loop lag)",
+        f"infermeter stream (ms; arrivals on the {' / '.join(sorted(clocks)) or 'user'} clock; "
+        "lag = client event-loop lag; coalesced = share of ITL gaps read late together)",
         [(title, "right") for title in ("conc", "rate", *(t for _, t in columns))],
         compact=True,
     )

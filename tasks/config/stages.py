@@ -223,7 +223,21 @@ class StreamConfig(_Strict):
     client_bound_tolerance_ms: float = Field(
         1.0,
         gt=0,
-        description="A level is client-bound when the client's event-loop lag p99 exceeds this (ms).",
+        description="On the user clock, a level is client-bound when the client's event-loop lag "
+        "p99 exceeds this (ms).",
+    )
+    arrival_clock: Literal["kernel", "user"] = Field(
+        "kernel",
+        description="Clock of the chunk arrivals: kernel (the kernel's receive time of each read; "
+        "Linux with the aiohttp transport, else the user clock, said in the log) or user (when "
+        "the client's event loop read it).",
+    )
+    client_bound_coalesced_fraction: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="On the kernel clock, a level is client-bound when more than this fraction "
+        "of its ITL gaps came coalesced (several chunks in one read).",
     )
     client_processes: int = Field(
         1,

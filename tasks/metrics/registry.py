@@ -224,7 +224,46 @@ REGISTRY: tuple[Metric, ...] = (
         ("p50", "p99", "max"),
     ),
     Metric("client_loop_lag_samples", "count", "stream", "Loop-lag samples kept."),
-    Metric("client_bound", "0/1", "stream", "1 when client_loop_lag_ms_p99 passes the tolerance.", "higher"),
+    Metric(
+        "client_bound",
+        "0/1",
+        "stream",
+        "1 when the client limited the figures: on the kernel clock coalesced_event_fraction, on "
+        "the user clock client_loop_lag_ms_p99, past its tolerance.",
+        "higher",
+    ),
+    Metric(
+        "coalesced_events",
+        "count",
+        "stream",
+        "Text chunks read late in one read with the chunk before (kernel clock; they share a stamp).",
+        "higher",
+    ),
+    Metric(
+        "coalesced_event_fraction", "fraction", "stream", "coalesced_events / ITL gaps (kernel clock).", "higher"
+    ),
+    Metric(
+        "achieved_request_rate",
+        "requests/s",
+        "stream",
+        "Measured sends / time from the first to the last send (vLLM #21104).",
+        _TPUT,
+    ),
+    Metric(
+        "send_lateness_ms_p99",
+        "ms",
+        "stream",
+        "Send minus the schedule's arrival (a finite rate; slot wait included), p99.",
+        _LAT,
+    ),
+    Metric("client_cpu_us_per_chunk", "us", "stream", "Client CPU time / text chunks received.", _LAT),
+    Metric(
+        "clock_offset_drift_ms",
+        "ms",
+        "stream",
+        "Change of CLOCK_REALTIME - CLOCK_MONOTONIC over the level (kernel stamps are converted by it).",
+        _LAT,
+    ),
     Metric("client_processes", "count", "stream", "Client processes that drove the level."),
     Metric("server_<series>_delta", "as served", "stream", "Prometheus counter increase over the level."),
     Metric(

@@ -46,7 +46,7 @@ def capacity_stage(
         ValueError: no goodput SLO in ``cfg``.
         EndpointError: the endpoint's api_key_env names an unset variable (before any request).
     """
-    connection = Connection.of(endpoint)
+    connection = Connection.of(endpoint, cfg.arrival_clock)
     tracker = target.open()
     tokenizer = load_tokenizer(endpoint.tokenizer)
     prompts, prompt_tokens, output_lens = stage_workload(cfg, tokenizer)

@@ -43,7 +43,8 @@ def stream_stage(
     Raises:
         EndpointError: the endpoint's api_key_env names an unset variable (before any request).
     """
-    connection = Connection.of(endpoint)  # a named key missing from the environment fails here
+    # a named key missing from the environment fails here
+    connection = Connection.of(endpoint, cfg.arrival_clock)
     with StageRun(target, "stream", parent_run_id, endpoint.identity()) as run:
         tokenizer = load_tokenizer(endpoint.tokenizer)
         prompts, prompt_tokens, output_lens = stage_workload(cfg, tokenizer)
@@ -70,6 +71,8 @@ def stream_stage(
                     "request_rate": rate_text,
                     "burstiness": str(cfg.burstiness),
                     "seed": str(cfg.seed),
+                    # not a number: a param, so the UI can filter levels by the clock they used
+                    "arrival_clock": str(level.metrics.get("arrival_clock")),
                 },
             )
             run.tracker.log_metrics(child, level.metrics)

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tasks import stats
+from tasks.stream.quality import bound_reason
 
 SYNCHRONOUS, SATURATION, SEARCH = "synchronous", "saturation", "search"
 
@@ -119,7 +120,7 @@ class CapacityLevel:
             classes = ", ".join(f"{k[7:]} {v}" for k, v in m.items() if k.startswith("errors_"))
             parts.append(f"{m['num_errors']} errors ({classes})")
         if self.client_bound:
-            parts.append(f"client-bound (event-loop lag p99 {_fmt(m.get('client_loop_lag_ms_p99'))} ms)")
+            parts.append(f"client-bound ({bound_reason(m)})")
         return "; ".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
@@ -253,7 +254,7 @@ def search_capacity(
             best,
             bracket,
             f"the {level.kind} level at {_fmt(level.rate_requests_per_s)} req/s is client-bound "
-            f"(the client's event-loop lag p99 {_fmt(level.metrics.get('client_loop_lag_ms_p99'))} ms): "
+            f"({bound_reason(level.metrics)}): "
             "its latencies describe the client, not the server; use --client-processes or a bigger client",
         )
 

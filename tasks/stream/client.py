@@ -32,10 +32,11 @@ from typing import Any
 import aiohttp
 import openai
 
+from tasks.stream import rxclock
 from tasks.stream.errors import EMPTY_RESPONSE, classify
 from tasks.stream.records import RequestRecord
 from tasks.stream.timing import chunk_timing, tpot_ms
-from tasks.stream.transports import new_state, receive_openai, receive_sse
+from tasks.stream.transports import connection_trace, new_state, receive_openai, receive_sse
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
@@ -100,11 +101,18 @@ class SSEClient:
     The same interface as the parts of ``AsyncOpenAI`` the stream client uses: ``api_key``,
     ``base_url`` and ``await close()``. ``request_timeout_s`` bounds connecting and each read
     (the wait for the next bytes), as the openai client's timeout does; there are no retries.
-    The aiohttp session is made on first use, inside the running event loop.
+    The aiohttp session is made on first use, inside the running event loop. ``kernel_clock``:
+    its sockets stamp receives in the kernel (:mod:`tasks.stream.rxclock`; Linux only, else
+    the user-space clock).
     """
 
     def __init__(
-        self, base_url: str, api_key: str | None, request_timeout_s: float, max_connections: int
+        self,
+        base_url: str,
+        api_key: str | None,
+        request_timeout_s: float,
+        max_connections: int,
+        kernel_clock: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key or "no-key"
@@ -123,14 +131,19 @@ class SSEClient:
             sock_read=request_timeout_s,
         )
         self._limit = max(1, max_connections)
+        self.kernel_clock = kernel_clock and rxclock.SUPPORTED
         self._session: aiohttp.ClientSession | None = None
 
     def session(self) -> aiohttp.ClientSession:
         if self._session is None:
+            factory = rxclock.stamped_socket if self.kernel_clock else None
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=self._limit, limit_per_host=self._limit),
+                connector=aiohttp.TCPConnector(
+                    limit=self._limit, limit_per_host=self._limit, socket_factory=factory
+                ),
                 timeout=self._timeout,
                 auto_decompress=False,
+                trace_configs=[connection_trace()],
             )
         return self._session
 
@@ -195,6 +208,8 @@ async def stream_chat(
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     end_ns = perf()
+    # after the stream, never inside it: CLOCK_REALTIME - CLOCK_MONOTONIC for the kernel stamps
+    offset_ns = rxclock.realtime_offset_ns() if state["rx_ns"] else 0
     usage = state["usage"]
     if usage is not None and not isinstance(usage, dict):
         usage = {
@@ -207,6 +222,7 @@ async def stream_chat(
         send_ns,
         end_ns,
         failure,
+        offset_ns=offset_ns,
         request_id=request_id,
         level=level,
         max_concurrency=max_concurrency,
@@ -242,6 +258,7 @@ def _record(
     end_ns: int,
     failure: BaseException | None,
     *,
+    offset_ns: int,
     request_id: str,
     level: int,
     max_concurrency: int,
@@ -252,8 +269,14 @@ def _record(
     model: str,
     secret: str | None,
 ) -> RequestRecord:
-    """The record of one request from what its stream gave (DESIGN.md's definitions)."""
-    arrivals_ns, parts = state["arrivals_ns"], state["parts"]
+    """The record of one request from what its stream gave (DESIGN.md's definitions).
+
+    The text chunks' times are their kernel receive stamps when every one has a usable stamp
+    (``tasks.stream.rxclock.kernel_arrivals``; the user-space ones are kept beside them), else
+    the user-space ones (``arrival_clock``)."""
+    user_ns, parts = state["arrivals_ns"], state["parts"]
+    kernel_ns = rxclock.kernel_arrivals(send_ns, user_ns, state["rx_ns"], offset_ns)
+    arrivals_ns = kernel_ns if kernel_ns is not None else user_ns
     record = RequestRecord(
         request_id=request_id,
         level=level,
@@ -270,6 +293,14 @@ def _record(
     timing = chunk_timing(send_ns, arrivals_ns)  # TPOT once the output count is known
     record.token_offsets_ms, record.itl_ms = list(timing.token_offsets_ms), list(timing.itl_ms)
     record.ttft_ms, record.e2e_ms = timing.ttft_ms, timing.e2e_ms
+    if kernel_ns is not None:
+        record.arrival_clock = "kernel"
+        record.user_token_offsets_ms = [(t - send_ns) / _NS_PER_MS for t in user_ns]
+        record.coalesced_events = rxclock.coalesced_events(state["rx_ns"], kernel_ns, user_ns)
+    if state["connect_ns"] and state["connect_ns"][1]:
+        record.connect_ms = (state["connect_ns"][1] - send_ns) / _NS_PER_MS
+    if state["sent_ns"] >= send_ns:
+        record.request_sent_ms = (state["sent_ns"] - send_ns) / _NS_PER_MS
 
     completion_tokens = usage.get("completion_tokens") if usage is not None else None
     if completion_tokens is not None:

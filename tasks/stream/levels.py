@@ -17,7 +17,6 @@ Imports neither prefect nor mlflow.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,8 +24,9 @@ from typing import Any
 
 from tasks import stats
 from tasks.stream import prometheus
-from tasks.stream.load import LevelResult, connect, run_level
+from tasks.stream.load import LevelResult
 from tasks.stream.multiproc import run_level_processes
+from tasks.stream.quality import DRIFT_WARN_MS
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
@@ -110,8 +110,19 @@ def run_levels(
     """
     logger = logger or _LOG
     done: list[Level] = []
+    said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
     for settings in levels:
         level = _run_one(connection, settings, count_tokens, goodput, client_processes, on_record, logger)
+        if not said_user_clock and level.measured and level.metrics.get("arrival_clock") == "user":
+            said_user_clock = True  # once per run: it holds for every level after
+            logger.warning(
+                "arrival times are on the user-space clock (when the event loop read each chunk): "
+                "kernel receive timestamps are not available here (%s); on a busy client they "
+                "run late by the loop's lag",
+                "the openai transport reads through httpx"
+                if connection.transport == "openai"
+                else "this platform or socket gave none",
+            )
         done.append(level)
         if on_level is not None:
             on_level(level)
@@ -133,42 +144,21 @@ def _run_one(
     def scrape_before() -> None:  # after the warm-up, nothing in flight
         scrapes["before"] = prometheus.scrape(connection.base_url, connection.api_key)
 
-    processes = min(client_processes, settings.max_concurrency)
-    if processes > 1:
-        result = run_level_processes(
-            processes,
-            connection,
-            settings,
-            count_tokens=count_tokens,
-            on_record=on_record,
-            on_measure_start=scrape_before,
-        )
-    else:
-        result = asyncio.run(_one_loop(connection, settings, count_tokens, on_record, scrape_before))
+    # always in client processes, one at the least: the measuring loop gets a process with
+    # nothing else on its GIL (measured, README "Stream": in the flow's own process the
+    # user-clock ITL error p99 at 64 streams was twice the bare client's)
+    result = run_level_processes(
+        max(1, min(client_processes, settings.max_concurrency)),
+        connection,
+        settings,
+        count_tokens=count_tokens,
+        on_record=on_record,
+        on_measure_start=scrape_before,
+    )
     before = scrapes.get("before")
     after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
     metrics = _level_metrics(result, before, after, settings, goodput, logger)
     return Level(settings, metrics, tuple(result.records), result.wall_s)
-
-
-async def _one_loop(
-    connection: Connection,
-    settings: LevelSettings,
-    count_tokens: Callable[[str], int] | None,
-    on_record: Callable[[RequestRecord], None] | None,
-    on_measure_start: Callable[[], None],
-) -> LevelResult:
-    client = connect(connection, settings.max_concurrency)
-    try:
-        return await run_level(
-            client,
-            settings,
-            count_tokens=count_tokens,
-            on_record=on_record,
-            on_measure_start=on_measure_start,
-        )
-    finally:
-        await client.close()
 
 
 def _level_metrics(
@@ -208,16 +198,47 @@ def _level_metrics(
             len(result.measured),
             "per request" if settings.output_lens else settings.max_tokens,
         )
-    if metrics.get("client_bound"):
-        lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)
-        logger.warning(
-            "level %d is client-bound: the client's event-loop lag p99 is %s ms "
-            "(> %s ms); its latencies describe the client, not the server",
-            index,
-            lag_text,
-            limit_text,
-        )
+    _warn_client(metrics, settings, logger)
     return metrics
+
+
+def _warn_client(
+    metrics: Mapping[str, Any], settings: LevelSettings, logger: logging.Logger | logging.LoggerAdapter
+) -> None:
+    """The client-side warnings of a level: client-bound (on the clock in use) and a drift of
+    the realtime-to-monotonic offset that could move kernel stamps."""
+    index = settings.level
+    drift = metrics.get("clock_offset_drift_ms")
+    if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > DRIFT_WARN_MS:
+        logger.warning(
+            "level %d: CLOCK_REALTIME moved %.3f ms against CLOCK_MONOTONIC during the level (a "
+            "wall-clock adjustment); kernel arrival stamps near it may be off by up to that",
+            index,
+            drift,
+        )
+    if not metrics.get("client_bound"):
+        return
+    if metrics.get("arrival_clock") == "kernel":
+        share, limit = distinct_texts(
+            100 * metrics["coalesced_event_fraction"], 100 * settings.coalesced_tolerance
+        )
+        logger.warning(
+            "level %d is client-bound: %s %% of its ITL gaps came coalesced (several chunks in one "
+            "read, > %s %%): the client read too late to separate them; its ITL figures describe "
+            "the client, not the server (more --client-processes, or fewer streams)",
+            index,
+            share,
+            limit,
+        )
+        return
+    lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)
+    logger.warning(
+        "level %d is client-bound: the client's event-loop lag p99 is %s ms "
+        "(> %s ms); its latencies describe the client, not the server",
+        index,
+        lag_text,
+        limit_text,
+    )
 
 
 def distinct_texts(value: float, limit: float) -> tuple[str, str]:

@@ -28,8 +28,10 @@ from typing import Any
 import httpx2
 import openai
 
+from tasks.stream import rxclock
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.lag import LoopLagProbe
+from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings, level_grid
 
@@ -40,8 +42,9 @@ __all__ = ["LevelResult", "arrival_offsets_s", "connect", "level_grid", "make_cl
 class LevelResult:
     """What running one level gave, before aggregation (``tasks.stream.levels.Level`` is the
     finished level): its records (warm-up included, flagged), wall time in seconds, and the
-    client's loop-lag figures (``LoopLagProbe.metrics``: ``client_loop_lag_ms_p99``,
-    ``client_bound``, ...)."""
+    client's figures (``tasks.stream.quality.client_figures``: ``arrival_clock``,
+    ``client_bound``, ``coalesced_event_fraction``, ``client_loop_lag_ms_p99``, ...) with the raw
+    parts they came from (``lag``, ``cpu_s``, ``offset_drift_ns``)."""
 
     level: int
     max_concurrency: int
@@ -50,6 +53,9 @@ class LevelResult:
     wall_s: float = 0.0
     client: dict[str, Any] = field(default_factory=dict)
     last_done_ns: int = 0  #: perf_counter_ns when the last measured request finished
+    lag: dict[str, Any] = field(default_factory=dict)  #: the loop-lag probe's metrics
+    cpu_s: float | None = None  #: the client's CPU seconds over the measured part
+    offset_drift_ns: int | None = None  #: CLOCK_REALTIME - CLOCK_MONOTONIC, end minus start
 
     @property
     def measured(self) -> list[RequestRecord]:
@@ -178,8 +184,11 @@ async def run_level(
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
+        if s.request_rate is not None:  # the schedule's arrival of request i vs its send
+            record.send_lateness_ms = (record.send_ns - (start + offsets[i]) * 1e9) / 1e6
         measured.append(keep(record))
 
+    offset_start_ns, cpu_start_s = rxclock.realtime_offset_ns(), time.process_time()
     async with LoopLagProbe() as probe:
         start = time.perf_counter() if start_at is None else start_at
         if s.duration_s is not None:
@@ -193,8 +202,23 @@ async def run_level(
                 await asyncio.sleep(delay)
             tasks.append(asyncio.ensure_future(one(i)))
         await asyncio.gather(*tasks)
-    arrivals_ns = sorted(r.send_ns + round(offset * 1e6) for r in measured for offset in r.token_offsets_ms)
-    result.client = probe.metrics(s.lag_tolerance_ms, arrivals_ns)
+    result.cpu_s = time.process_time() - cpu_start_s
+    result.offset_drift_ns = rxclock.realtime_offset_ns() - offset_start_ns
+    # the probe's lags that can reach a measurement: when the loop read them (user clock)
+    arrivals_ns = sorted(
+        r.send_ns + round(offset * 1e6)
+        for r in measured
+        for offset in (r.user_token_offsets_ms or r.token_offsets_ms)
+    )
+    result.lag = probe.metrics(s.lag_tolerance_ms, arrivals_ns)
+    result.client = client_figures(
+        measured,
+        result.lag,
+        lag_tolerance_ms=s.lag_tolerance_ms,
+        coalesced_tolerance=s.coalesced_tolerance,
+        cpu_s=result.cpu_s,
+        offset_drift_ns=result.offset_drift_ns,
+    )
     result.records.extend(sorted(measured, key=lambda r: r.send_ns))
     if measured:
         first_send_ns = min(r.send_ns for r in measured)
@@ -209,6 +233,7 @@ def make_client(
     request_timeout_s: float,
     max_concurrency: int,
     transport: str = "aiohttp",
+    arrival_clock: str = "kernel",
 ) -> SSEClient | openai.AsyncOpenAI:
     """A streaming client with no retries, the given timeout, and room for the concurrency.
 
@@ -216,14 +241,17 @@ def make_client(
     benchmark's numbers) or ``"openai"`` (``AsyncOpenAI`` over httpx2). Both give the same
     records. No retries: a retried request would hide an error and stretch its latency. The
     timeout applies to connecting and to each read (the wait for the next chunk). With no key a
-    placeholder is sent (servers without auth ignore it).
+    placeholder is sent (servers without auth ignore it). ``arrival_clock``: ``"kernel"``
+    (default) stamps arrivals with the kernel's receive times where it can (aiohttp on Linux;
+    ``tasks.stream.rxclock``), ``"user"`` with the event loop's reads; the openai transport has
+    only the user clock.
 
     Raises:
         ValueError: an unknown transport.
     """
     room = max(max_concurrency, 1) + 8
     if transport == "aiohttp":
-        return SSEClient(base_url, api_key or "no-key", request_timeout_s, room)
+        return SSEClient(base_url, api_key or "no-key", request_timeout_s, room, arrival_clock == "kernel")
     if transport != "openai":
         raise ValueError(f"transport must be 'aiohttp' or 'openai', got {transport!r}")
     http_client = openai.DefaultAsyncHttpx2Client(
@@ -247,4 +275,5 @@ def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.
         connection.request_timeout_s,
         max_concurrency,
         connection.transport,
+        connection.arrival_clock,
     )

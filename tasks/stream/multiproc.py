@@ -13,8 +13,13 @@ Records are never lost: each process sends every record to the parent as soon as
 at once. The processes have no tokenizer: the parent counts output tokens of records without
 usage (``fill_output_tokens``) before anything sees them.
 
-The client-bound figures of the level are the worst process's: ``client_loop_lag_ms_p99`` is
-the largest p99, ``client_bound`` is set when any process was.
+The level's client figures (``tasks.stream.quality.client_figures``) are taken over every
+process's records; the loop lag is the worst process's (largest p99; its flag set when any
+process's was), the CPU time the sum, the clock-offset drift the largest.
+
+:func:`tasks.stream.levels.run_levels` runs every level here, one process at the least: the
+measuring loop then has a process of its own, with nothing else on its GIL (the flow's threads,
+logging, the journal and the tracking client stay in the parent).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from typing import Any
 
 from tasks.stream.client import fill_output_tokens
 from tasks.stream.load import LevelResult, connect, run_level
+from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
@@ -63,7 +69,8 @@ def _child(
         out.put(("ready", k))
         go.wait()
         result = asyncio.run(main())
-        out.put(("done", {"client": result.client, "last_done_ns": result.last_done_ns}))
+        done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
+        out.put(("done", {**done, "last_done_ns": result.last_done_ns}))
     except BaseException as exc:  # the parent reports it; a record sent before stays kept
         out.put(("failed", f"client process {k}: {type(exc).__name__}: {exc}"))
 
@@ -108,7 +115,7 @@ def run_level_processes(
         try:
             return await run_level(
                 client,
-                replace(settings, max_concurrency=1, num_requests=0),
+                replace(settings, num_requests=0),  # the warm-up is sequential whatever the concurrency
                 count_tokens=count_tokens,
                 on_record=on_record,
             )
@@ -150,7 +157,7 @@ def run_level_processes(
     try:
         ready = done = 0
         deadline = time.monotonic() + START_TIMEOUT_S
-        lag_p99s, bound, last_done_ns = [], [], 0
+        lags, cpu_s, drifts, last_done_ns = [], 0.0, [], 0
         while done < processes:
             try:
                 kind, payload = out.get(timeout=1.0)
@@ -172,8 +179,9 @@ def run_level_processes(
                 measured.append(record)
             elif kind == "done":
                 done += 1
-                lag_p99s.append(payload["client"].get("client_loop_lag_ms_p99"))
-                bound.append(payload["client"].get("client_bound"))
+                lags.append(payload["lag"])
+                cpu_s += payload["cpu_s"] or 0.0
+                drifts.append(payload["offset_drift_ns"] or 0)
                 last_done_ns = max(last_done_ns, payload["last_done_ns"])
             else:
                 raise RuntimeError(payload)
@@ -187,10 +195,22 @@ def run_level_processes(
     if measured:
         result.last_done_ns = last_done_ns
         result.wall_s = (last_done_ns - min(r.send_ns for r in measured)) / 1e9
-    known = [p for p in lag_p99s if p is not None]
+    # the worst process's loop lag stands for the level (any late process delays its chunks)
+    known = [lag for lag in lags if lag.get("client_loop_lag_ms_p99") is not None]
+    result.lag = max(known, key=lambda lag: lag["client_loop_lag_ms_p99"]) if known else {}
+    if known:
+        result.lag = {**result.lag, "client_bound": int(any(lag.get("client_bound") for lag in known))}
+    result.cpu_s = cpu_s
+    result.offset_drift_ns = max(drifts, key=abs) if drifts else None
     result.client = {
-        "client_loop_lag_ms_p99": max(known) if known else None,
-        "client_bound": None if not known else int(any(bound)),
+        **client_figures(
+            measured,
+            result.lag,
+            lag_tolerance_ms=settings.lag_tolerance_ms,
+            coalesced_tolerance=settings.coalesced_tolerance,
+            cpu_s=cpu_s,
+            offset_drift_ns=result.offset_drift_ns,
+        ),
         "client_processes": processes,
     }
     return result

@@ -49,7 +49,18 @@ class RequestRecord:
             tokenizer on ``output_text`` without special tokens (source ``tokenizer``).
         output_text: all generated text, reasoning deltas included, in arrival order.
         error_class / error_message: None for a success (see ``tasks.stream.errors``).
-        token_offsets_ms: arrival time of every text-carrying chunk since send.
+        token_offsets_ms: arrival time of every text-carrying chunk since send, on the clock
+            ``arrival_clock`` names.
+        arrival_clock: ``kernel`` (each chunk's time is the kernel's receive stamp of the read
+            that completed it, ``tasks.stream.rxclock``) or ``user`` (when the event loop read it).
+        user_token_offsets_ms: the user-space arrivals beside kernel ones (empty for ``user``).
+        coalesced_events: text chunks that came in the same read as the one before (kernel
+            clock only; they share one stamp).
+        connect_ms: send to the new connection being open (TCP, and TLS when https); None when a
+            pooled connection was reused or the transport does not say.
+        request_sent_ms: send to the request's last byte handed to the kernel; None unknown.
+        send_lateness_ms: actual send minus the arrival the schedule drew for it (a finite
+            request rate; the wait for a concurrency slot included); None otherwise.
     """
 
     request_id: str
@@ -70,6 +81,12 @@ class RequestRecord:
     error_class: str | None = None
     error_message: str | None = None
     token_offsets_ms: list[float] = field(default_factory=list)
+    arrival_clock: str = "user"
+    user_token_offsets_ms: list[float] = field(default_factory=list)
+    coalesced_events: int = 0
+    connect_ms: float | None = None
+    request_sent_ms: float | None = None
+    send_lateness_ms: float | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -99,6 +116,12 @@ class RequestRecord:
             "output_text": self.output_text,
             "error": error,
             "token_offsets_ms": list(self.token_offsets_ms),
+            "arrival_clock": self.arrival_clock,
+            "user_token_offsets_ms": list(self.user_token_offsets_ms),
+            "coalesced_events": self.coalesced_events,
+            "connect_ms": self.connect_ms,
+            "request_sent_ms": self.request_sent_ms,
+            "send_lateness_ms": self.send_lateness_ms,
         }
 
     @classmethod
@@ -214,6 +237,11 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "output_text": pl.String(),
     "error_class": pl.String(),
     "error_message": pl.String(),
+    "arrival_clock": pl.String(),
+    "coalesced_events": pl.Int64(),
+    "connect_ms": pl.Float64(),
+    "request_sent_ms": pl.Float64(),
+    "send_lateness_ms": pl.Float64(),
     "succeeded": pl.Boolean(),
 }
 
@@ -222,6 +250,7 @@ _TOKEN_SCHEMA: dict[str, pl.DataType] = {
     "index": pl.Int64(),
     "offset_ms": pl.Float64(),
     "gap_ms": pl.Float64(),
+    "user_offset_ms": pl.Float64(),
 }
 
 
@@ -231,6 +260,7 @@ def requests_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
     for r in records:
         row = asdict(r)
         row.pop("token_offsets_ms")
+        row.pop("user_token_offsets_ms")
         row["itl_ms"] = [float(x) for x in r.itl_ms]
         row["succeeded"] = r.succeeded
         rows.append(row)
@@ -238,11 +268,14 @@ def requests_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
 
 
 def tokens_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
-    """One row per text-carrying chunk: request_id, index, offset_ms, gap_ms (null first)."""
+    """One row per text-carrying chunk: request_id, index, offset_ms, gap_ms (null first),
+    user_offset_ms (the user-space arrival beside a kernel one; null on the user clock)."""
     columns: dict[str, list[Any]] = {name: [] for name in _TOKEN_SCHEMA}
     for r in records:
         previous: float | None = None
+        users = r.user_token_offsets_ms
         for index, offset in enumerate(r.token_offsets_ms):
+            columns["user_offset_ms"].append(float(users[index]) if index < len(users) else None)
             columns["request_id"].append(r.request_id)
             columns["index"].append(index)
             columns["offset_ms"].append(float(offset))

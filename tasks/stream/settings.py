@@ -41,7 +41,9 @@ class LevelSettings:
         sampling: sampling keys sent with each request (``temperature`` ...).
         extra_body: extra request-body fields (``{"ignore_eos": True}``), or None.
         api_key_env: the NAME of the key's variable, for the message of a 401/403.
-        lag_tolerance_ms: the client-bound threshold on the event-loop lag's p99 (ms).
+        lag_tolerance_ms: the client-bound threshold on the event-loop lag's p99 (ms), for
+            the user clock; coalesced_tolerance: on the coalesced fraction of the ITL gaps,
+            for the kernel clock (``tasks.stream.quality``).
         duration_s: None, or the seconds of sending: no measured request is sent once this
             long has passed since the first measured arrival (those in flight finish and
             count); ``num_requests`` still caps the level, whichever comes first.
@@ -69,6 +71,7 @@ class LevelSettings:
     extra_body: dict[str, Any] | None = None
     api_key_env: str | None = None
     lag_tolerance_ms: float = 1.0
+    coalesced_tolerance: float = 0.01
     duration_s: float | None = None
     api: str = "chat"
     output_lens: tuple[int | None, ...] | None = None
@@ -101,21 +104,25 @@ class LevelSettings:
 @dataclass(frozen=True)
 class Connection:
     """Where a level's requests go: the endpoint's base_url, the key itself (never logged), the
-    per-read timeout in seconds, and the transport (``tasks.stream.load.make_client``)."""
+    per-read timeout in seconds, the transport and the arrival clock asked for
+    (``tasks.stream.load.make_client``)."""
 
     base_url: str
     api_key: str | None = None
     request_timeout_s: float = 120.0
     transport: str = "aiohttp"
+    arrival_clock: str = "kernel"
 
     @classmethod
-    def of(cls, endpoint: Endpoint) -> Connection:
+    def of(cls, endpoint: Endpoint, arrival_clock: str = "kernel") -> Connection:
         """The endpoint's connection, its key read from the named variable.
 
         Raises:
             EndpointError: the endpoint's api_key_env names an unset variable.
         """
-        return cls(endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s)
+        return cls(
+            endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s, arrival_clock=arrival_clock
+        )
 
 
 def level_grid(
@@ -169,6 +176,7 @@ def settings_from_config(
         extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len or output_lens) else None,
         api_key_env=endpoint.api_key_env,
         lag_tolerance_ms=cfg.client_bound_tolerance_ms,
+        coalesced_tolerance=cfg.client_bound_coalesced_fraction,
         duration_s=cfg.duration_s,
         api=cfg.api,
         output_lens=None if not output_lens else tuple(output_lens),

@@ -32,23 +32,33 @@ import httpx2
 import openai
 
 from tasks.stream.errors import SERVER, StreamError
+from tasks.stream.rxclock import socket_of
 
 
 def new_state() -> dict[str, Any]:
     """An empty stream state, filled by a receive loop.
 
-    Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk),
-    ``parts`` (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the
+    Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk: the
+    user-space clock), ``rx_ns`` (the kernel CLOCK_REALTIME receive time of the read that
+    completed each text-carrying chunk, 0 where none; empty on a transport without stamps:
+    :mod:`tasks.stream.rxclock`), ``parts`` (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the
     openai client's usage object, or None), ``chunks`` (int, every parsed chunk),
-    ``finish_reason`` (str or None) and ``in_stream`` (bool, True once a 200 response began).
+    ``finish_reason`` (str or None), ``in_stream`` (bool, True once a 200 response began),
+    ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
+    pooled one was reused), ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
+    handed to the kernel; 0 unknown) and ``rx_clock`` (True when the socket stamps receives).
     """
     return {
         "arrivals_ns": [],
+        "rx_ns": [],
         "parts": [],
         "usage": None,
         "chunks": 0,
         "finish_reason": None,
         "in_stream": False,
+        "connect_ns": None,
+        "sent_ns": 0,
+        "rx_clock": False,
     }
 
 
@@ -112,20 +122,34 @@ async def receive_sse(
     arrival time. Transport failures are raised as the openai client would raise them.
     """
     perf = time.perf_counter_ns
-    arrivals, parts = state["arrivals_ns"], state["parts"]
+    arrivals, rx, parts = state["arrivals_ns"], state["rx_ns"], state["parts"]
     loads = json.loads
+    sock = None
     try:
-        async with session.post(url, data=json.dumps(_request_body(kwargs)), headers=headers) as response:
+        async with session.post(
+            url, data=json.dumps(_request_body(kwargs)), headers=headers, trace_request_ctx=state
+        ) as response:
             if response.status != 200:
                 raise _status_error(url, response.status, response.headers, await response.read())
             state["in_stream"] = True
+            sock = socket_of(response.connection.transport if response.connection else None)
+            if sock is not None:
+                state["rx_clock"] = True
+                state["sent_ns"] = sock.sent_ns
+                sock.attach(response.content)
             pending = b""
             data_lines: list[bytes] = []
+            consumed = 0  # body bytes handed to this loop so far
             async for block in response.content.iter_any():
                 now_ns = perf()
+                if sock is not None:
+                    sock.mark()  # the read now being handled: its body bytes end here
+                position = consumed - len(pending) - 1  # body offset of the current line's "\n"
+                consumed += len(block)
                 lines = (pending + block).split(b"\n")
                 pending = lines.pop()
                 for line in lines:
+                    position += len(line) + 1
                     if line.endswith(b"\r"):
                         line = line[:-1]
                     if line:
@@ -155,6 +179,8 @@ async def receive_sse(
                         if text and isinstance(text, str):
                             arrivals.append(now_ns)
                             parts.append(text)
+                            if sock is not None:  # the read that delivered the blank line
+                                rx.append(sock.stamp_at(position))
                         if choice.get("finish_reason") is not None:
                             state["finish_reason"] = choice["finish_reason"]
                     elif isinstance(event, dict):
@@ -169,6 +195,29 @@ async def receive_sse(
         if isinstance(exc, TimeoutError):
             raise openai.APITimeoutError(request=request) from exc
         raise openai.APIConnectionError(message=str(exc), request=request) from exc
+    finally:
+        if sock is not None:
+            sock.detach()
+
+
+async def _on_connect_start(_session: Any, context: Any, _params: Any) -> None:
+    if isinstance(context.trace_request_ctx, dict):
+        context.trace_request_ctx["connect_ns"] = (time.perf_counter_ns(), 0)
+
+
+async def _on_connect_end(_session: Any, context: Any, _params: Any) -> None:
+    state = context.trace_request_ctx
+    if isinstance(state, dict) and state.get("connect_ns"):
+        state["connect_ns"] = (state["connect_ns"][0], time.perf_counter_ns())
+
+
+def connection_trace() -> aiohttp.TraceConfig:
+    """aiohttp tracing that stamps the opening of a new connection into the request's state
+    (``connect_ns``): aiohttp's own hooks, so it holds for TLS and any socket."""
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_start.append(_on_connect_start)
+    trace.on_connection_create_end.append(_on_connect_end)
+    return trace
 
 
 async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, Any]) -> None:

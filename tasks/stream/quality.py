@@ -1,0 +1,104 @@
+"""How far a level's own timings can be trusted: the client's side of the measurement.
+
+A level's figures describe the server only while the client keeps up. What degrades them
+depends on the clock the arrivals were stamped with (``RequestRecord.arrival_clock``,
+:mod:`tasks.stream.rxclock`):
+
+- ``kernel``: each text chunk carries the kernel's receive time of the read that completed it,
+  so a busy event loop does not delay the stamp. It fails only when the loop falls so far behind
+  that the kernel queues several events and one read takes them all: those events share one
+  stamp (*coalesced*), and their gaps collapse to 0. The level is ``client_bound`` when the
+  coalesced fraction of its ITL gaps exceeds ``coalesced_tolerance`` (default 1 %: above it the
+  ITL p99 is no longer the server's).
+- ``user``: each chunk is stamped when the loop read it, late by the loop's lag; the level is
+  ``client_bound`` when the loop-lag probe's p99 exceeds ``lag_tolerance_ms``
+  (:mod:`tasks.stream.lag`). The probe is kept on the kernel clock too, as a diagnostic.
+
+Beside the flag: how closely the sends kept to the arrival schedule (vLLM #21104: a client that
+cannot keep up sends fewer requests per second than asked, and its lateness grows with the
+index): ``achieved_request_rate`` over the measured sends and ``send_lateness_ms_p99``; the
+client's CPU per text chunk; the drift of the realtime-to-monotonic offset over the level.
+
+Pure functions over records; no clock reads, no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from tasks.stats import percentile
+
+#: Default coalesced fraction of ITL gaps above which a kernel-clock level is client-bound.
+COALESCED_TOLERANCE = 0.01
+#: Drift (ms) of CLOCK_REALTIME - CLOCK_MONOTONIC over a level above which a warning is given.
+DRIFT_WARN_MS = 1.0
+
+
+def level_clock(records: Iterable[Any]) -> str:
+    """``kernel`` when every measured record with a text chunk was stamped by the kernel, else
+    ``user`` (a level with no text at all: ``user``)."""
+    clocks = {r.arrival_clock for r in records if not r.warmup and r.token_offsets_ms}
+    return "kernel" if clocks == {"kernel"} else "user"
+
+
+def client_figures(
+    records: Iterable[Any],
+    lag: Mapping[str, Any],
+    *,
+    lag_tolerance_ms: float,
+    coalesced_tolerance: float = COALESCED_TOLERANCE,
+    cpu_s: float | None = None,
+    offset_drift_ns: int | None = None,
+) -> dict[str, Any]:
+    """The level's client figures (module docstring).
+
+    Args:
+        records: the level's records (warm-up ones are left out).
+        lag: :meth:`tasks.stream.lag.LoopLagProbe.metrics` of the measured part (its
+            ``client_bound`` is the user clock's flag).
+        lag_tolerance_ms, coalesced_tolerance: the two clocks' thresholds.
+        cpu_s: the client's CPU seconds over the measured part (all its processes), or None.
+        offset_drift_ns: change of CLOCK_REALTIME - CLOCK_MONOTONIC from the level's start to its
+            end, or None.
+
+    Returns ``client_loop_lag_ms_*`` (from ``lag``), ``arrival_clock``, ``coalesced_events``,
+    ``coalesced_event_fraction`` (of the ITL gaps; None without gaps), ``client_bound`` (0/1,
+    None when the clock in use has nothing to judge by), ``achieved_request_rate`` (requests/s
+    between the first and last measured send; None below 2 sends), ``send_lateness_ms_p99``
+    (None without a schedule), ``client_cpu_us_per_chunk`` and ``clock_offset_drift_ms``.
+    """
+    measured = [r for r in records if not r.warmup]
+    clock = level_clock(measured)
+    gaps = sum(max(len(r.token_offsets_ms) - 1, 0) for r in measured)
+    chunks = sum(len(r.token_offsets_ms) for r in measured)
+    coalesced = sum(r.coalesced_events for r in measured)
+    fraction = coalesced / gaps if gaps else None
+    if clock == "kernel":
+        bound = None if fraction is None else int(fraction > coalesced_tolerance)
+    else:
+        bound = lag.get("client_bound")
+    sends = sorted(r.send_ns for r in measured if r.send_ns)
+    span_s = (sends[-1] - sends[0]) / 1e9 if len(sends) > 1 else 0.0
+    lateness = sorted(r.send_lateness_ms for r in measured if r.send_lateness_ms is not None)
+    out = {k: v for k, v in lag.items() if k.startswith("client_loop_lag")}
+    out.update(
+        arrival_clock=clock,
+        coalesced_events=coalesced if clock == "kernel" else None,
+        coalesced_event_fraction=fraction if clock == "kernel" else None,
+        client_bound=bound,
+        achieved_request_rate=(len(sends) - 1) / span_s if span_s > 0 else None,
+        send_lateness_ms_p99=percentile(lateness, 99.0),
+        client_cpu_us_per_chunk=cpu_s * 1e6 / chunks if cpu_s is not None and chunks else None,
+        clock_offset_drift_ms=None if offset_drift_ns is None else abs(offset_drift_ns) / 1e6,
+    )
+    return out
+
+
+def bound_reason(metrics: Mapping[str, Any]) -> str:
+    """Why a client-bound level is flagged, on the clock it used: ``"42.0 % of ITL gaps
+    coalesced"`` (kernel) or ``"event-loop lag p99 3.06 ms"`` (user)."""
+    if metrics.get("arrival_clock") == "kernel" and metrics.get("coalesced_event_fraction") is not None:
+        return f"{100 * metrics['coalesced_event_fraction']:.1f} % of ITL gaps coalesced"
+    lag = metrics.get("client_loop_lag_ms_p99")
+    return f"event-loop lag p99 {'n/a' if lag is None else f'{lag:.2f}'} ms"

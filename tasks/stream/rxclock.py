@@ -1,0 +1,212 @@
+"""Arrival times from the kernel: receive timestamps on the client's sockets.
+
+A chunk's arrival stamped in Python is the moment the event loop got round to reading it; on a
+busy machine that is milliseconds after the bytes reached the socket (the loop was parsing other
+streams, or waited for a CPU). The kernel stamps every received segment when it arrives. With
+``SO_TIMESTAMPNS`` set (Linux, ``man 7 socket``; ``Documentation/networking/timestamping.rst``,
+software receive timestamps) every ``recvmsg`` returns, as ancillary data, the
+``CLOCK_REALTIME`` time at which the last segment it read was received.
+
+:class:`StampedSocket` is the socket the aiohttp connector makes (``TCPConnector(socket_factory=
+stamped_socket)``). asyncio's selector transport reads it with ``recv`` (or ``recv_into`` for a
+buffered protocol, which is what TLS uses: the stamp then belongs to the raw read that delivered
+the encrypted bytes, before decryption) and writes it with ``send``; the subclass reads with
+``recvmsg`` instead and keeps, per read, the kernel time, and the time the last ``send`` of a
+request returned. uvloop, or any transport that does not read through the Python socket object,
+never calls these methods: no stamp is taken and the records fall back to the user-space clock.
+
+Which read delivered which SSE event: the HTTP parser feeds the body bytes of a read into the
+response's ``StreamReader`` synchronously, in the same loop callback as the read. So the reader's
+``total_bytes`` at the start of the next read (or when the receive loop takes a block) is where
+that read's body bytes end; :meth:`StampedSocket.mark` turns the reads into a list of ``(body
+end offset, kernel ns)``, and an event is stamped with the first read whose end covers the
+event's last byte (:meth:`StampedSocket.stamp_at`). Events delivered by one read share its time:
+rightly when the server wrote them together; wrongly when the client fell behind, the kernel
+queued several segments and one late read took them all (the stamp is the last segment's). Those
+are *coalesced* events (:func:`coalesced_events`, counted per request and level).
+
+The records' clock is ``time.perf_counter_ns`` (CLOCK_MONOTONIC). A kernel stamp is converted by
+subtracting ``CLOCK_REALTIME - CLOCK_MONOTONIC`` measured right after the request's stream
+(:func:`realtime_offset_ns`), so a step of the wall clock (NTP) can only touch the requests in
+flight during it; the level measures the offset at its start and end too and reports the drift.
+
+Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival_clock: user``.
+"""
+
+from __future__ import annotations
+
+import bisect
+import socket
+import struct
+import sys
+import time
+from typing import Any
+
+#: ``SO_TIMESTAMPNS`` (Linux value 35 where Python does not export the name). The ancillary
+#: message comes back with the same type (``SCM_TIMESTAMPNS``).
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux: tv_sec, tv_nsec
+_ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 64
+#: Whether this platform can stamp receives in the kernel (Linux with recvmsg).
+SUPPORTED = sys.platform.startswith("linux") and hasattr(socket.socket, "recvmsg")
+
+
+def realtime_offset_ns(tries: int = 5) -> int:
+    """``CLOCK_REALTIME - CLOCK_MONOTONIC`` in ns: the realtime read that was bracketed most
+    tightly by two monotonic reads (``time.perf_counter_ns`` is CLOCK_MONOTONIC on Linux), minus
+    the bracket's midpoint. Error: half the tightest bracket (well under 1 us here)."""
+    perf, real = time.perf_counter_ns, time.time_ns
+    best: tuple[int, int] | None = None
+    for _ in range(tries):
+        a = perf()
+        r = real()
+        b = perf()
+        if best is None or b - a < best[0]:
+            best = (b - a, r - (a + b) // 2)
+    assert best is not None
+    return best[1]
+
+
+class StampedSocket(socket.socket):
+    """A TCP socket that keeps the kernel receive time of each read and the time its last
+    ``send`` returned (module docstring).
+
+    Attributes:
+        rx_ns: kernel CLOCK_REALTIME ns of the last read that carried a stamp (0: none yet).
+        sent_ns: ``perf_counter_ns`` when the last ``send`` returned (the request's last byte
+            was handed to the kernel); 0 before any.
+        created_ns: ``perf_counter_ns`` when the socket was made (the connection's start).
+        reader: the response ``StreamReader`` being timed (set by the receive loop), or None.
+    """
+
+    def __init__(self, family: int, type_: int, proto: int) -> None:
+        super().__init__(family, type_, proto)
+        self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+        self.created_ns = time.perf_counter_ns()
+        self.rx_ns = 0
+        self.sent_ns = 0
+        self.reader: Any = None
+        self._ends: list[int] = []  # body end offset of each read since attach()
+        self._stamps: list[int] = []  # its kernel ns
+
+    # The three calls asyncio's selector transport makes. ---------------------------------
+    def recv(self, bufsize: int, flags: int = 0) -> bytes:  # noqa: D102
+        self.mark()
+        data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY_BYTES, flags)
+        self._take(ancillary)
+        return data
+
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # noqa: D102
+        self.mark()
+        view = memoryview(buffer)
+        if nbytes:
+            view = view[:nbytes]
+        count, ancillary, _, _ = self.recvmsg_into([view], _ANCILLARY_BYTES, flags)
+        self._take(ancillary)
+        return count
+
+    def send(self, data: Any, flags: int = 0) -> int:  # noqa: D102
+        count = super().send(data, flags)
+        self.sent_ns = time.perf_counter_ns()
+        return count
+
+    def _take(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                self.rx_ns = sec * 1_000_000_000 + nsec
+
+    # The receive loop's side. -------------------------------------------------------------
+    def attach(self, reader: Any) -> None:
+        """Start timing the body of a new response (``reader``: its aiohttp ``StreamReader``).
+        Body bytes already fed (they came with the headers) belong to the last read."""
+        self.reader = reader
+        self._ends, self._stamps = [], []
+        self.mark()
+
+    def detach(self) -> None:
+        """Stop timing (the connection goes back to the pool for another request)."""
+        self.reader = None
+        self._ends, self._stamps = [], []
+
+    def mark(self) -> None:
+        """Close the last read: the body bytes fed since the previous mark were its bytes."""
+        reader = self.reader
+        if reader is None or not self.rx_ns:
+            return
+        end = reader.total_bytes
+        if not self._ends or end > self._ends[-1]:
+            self._ends.append(end)
+            self._stamps.append(self.rx_ns)
+
+    def stamp_at(self, offset: int) -> int:
+        """Kernel ns of the read that delivered body byte ``offset`` (0-based), or 0 when no
+        read covers it (call :meth:`mark` first)."""
+        i = bisect.bisect_right(self._ends, offset)
+        return self._stamps[i] if i < len(self._stamps) else 0
+
+
+def stamped_socket(addr_info: tuple) -> socket.socket:
+    """aiohttp's ``socket_factory``: a :class:`StampedSocket` for ``(family, type, proto,
+    canonname, sockaddr)``; a plain socket where timestamps are not supported or the option is
+    refused (the records then say ``arrival_clock: user``)."""
+    family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
+    if SUPPORTED:
+        try:
+            return StampedSocket(family, type_, proto)
+        except OSError:
+            pass
+    return socket.socket(family, type_, proto)
+
+
+def socket_of(transport: Any) -> StampedSocket | None:
+    """The :class:`StampedSocket` under an asyncio transport (plain or TLS), else None."""
+    if transport is None:
+        return None
+    sock = transport.get_extra_info("socket")
+    # asyncio hands out a TransportSocket wrapper; the socket object is its ``_sock``
+    sock = getattr(sock, "_sock", sock)
+    return sock if isinstance(sock, StampedSocket) else None
+
+
+#: How much later than its user-space stamp a converted kernel stamp may lie before the
+#: conversion is distrusted (a wall-clock step during the request): the user clock is kept then.
+_SLACK_NS = 200_000
+
+
+def kernel_arrivals(send_ns: int, user_ns: list[int], rx_ns: list[int], offset_ns: int) -> list[int] | None:
+    """The text chunks' arrival times on the records' clock (``perf_counter_ns``) from their
+    kernel stamps, or None when the user-space stamps must stand: a chunk without a kernel stamp,
+    or a converted stamp before the send or after its user-space stamp (by more than 0.2 ms: the
+    wall clock stepped while the request ran).
+
+    Args:
+        send_ns: the request's send time (``perf_counter_ns``).
+        user_ns: each text chunk's user-space arrival (``perf_counter_ns``).
+        rx_ns: each text chunk's kernel receive time (CLOCK_REALTIME ns; 0 = none).
+        offset_ns: :func:`realtime_offset_ns`, read after the stream.
+    """
+    if not rx_ns or len(rx_ns) != len(user_ns) or not all(rx_ns):
+        return None
+    kernel = [stamp - offset_ns for stamp in rx_ns]
+    if kernel[0] < send_ns or any(k > u + _SLACK_NS for k, u in zip(kernel, user_ns)):
+        return None
+    return kernel
+
+
+#: A read handled this long (ns) after its kernel stamp was a late read (the loop was behind).
+LATE_READ_NS = 1_000_000
+
+
+def coalesced_events(rx_ns: list[int], kernel_ns: list[int], user_ns: list[int]) -> int:
+    """Text chunks that came in one read with the text chunk before them (equal kernel stamps)
+    while the client read late (its user-space stamp over :data:`LATE_READ_NS` after the kernel
+    stamp): the loop was behind, the kernel had queued several segments, and the read carries the
+    last one's time, so the earlier chunks' times are too late and their gaps collapse. Chunks
+    the server wrote together and the client read at once share a stamp rightly and do not
+    count. ``kernel_ns`` / ``user_ns``: :func:`kernel_arrivals` and the user-space stamps."""
+    return sum(
+        1
+        for i in range(1, len(rx_ns))
+        if rx_ns[i] and rx_ns[i] == rx_ns[i - 1] and user_ns[i] - kernel_ns[i] > LATE_READ_NS
+    )

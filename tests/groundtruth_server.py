@@ -35,6 +35,7 @@ import contextlib
 import json
 import os
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -675,9 +676,15 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             writer.close()
 
 
-async def _main(port: int) -> None:
+async def _main(port: int, cert: str | None = None, key: str | None = None) -> None:
     state = _State()
-    server = await asyncio.start_server(lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=1024)
+    tls = None
+    if cert:
+        tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        tls.load_cert_chain(cert, key)
+    server = await asyncio.start_server(
+        lambda r, w: _handle(state, r, w), "127.0.0.1", port, backlog=1024, ssl=tls
+    )
     print(f"PORT {server.sockets[0].getsockname()[1]}", flush=True)
     async with server:
         await server.serve_forever()
@@ -696,16 +703,20 @@ def free_port() -> int:
 class GroundTruthServer:
     """Handle on a running server process: ``base_url`` (…/v1), ``stats()``, ``reset()``."""
 
-    def __init__(self, process: subprocess.Popen, port: int) -> None:
+    def __init__(self, process: subprocess.Popen, port: int, cafile: str | None = None) -> None:
         self.process = process
         self.port = port
-        self.base_url = f"http://127.0.0.1:{port}/v1"
+        self.scheme = "https" if cafile else "http"
+        self.base_url = f"{self.scheme}://127.0.0.1:{port}/v1"
+        self._tls = ssl.create_default_context(cafile=cafile) if cafile else None
 
     def _call(self, method: str, path: str) -> Any:
         request = urllib.request.Request(
-            f"http://127.0.0.1:{self.port}{path}", method=method, data=b"" if method == "POST" else None
+            f"{self.scheme}://127.0.0.1:{self.port}{path}",
+            method=method,
+            data=b"" if method == "POST" else None,
         )
-        with urllib.request.urlopen(request, timeout=10) as response:
+        with urllib.request.urlopen(request, timeout=10, context=self._tls) as response:
             return json.loads(response.read())
 
     def stats(self) -> dict[str, Any]:
@@ -719,11 +730,23 @@ class GroundTruthServer:
         self._call("POST", "/reset")
 
 
+def self_signed_cert(folder: str | os.PathLike[str]) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key (``openssl``), valid one day: (cert, key) paths."""
+    cert, key = os.path.join(folder, "cert.pem"), os.path.join(folder, "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", cert,
+         "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return cert, key
+
+
 @contextlib.contextmanager
-def serve() -> Iterator[GroundTruthServer]:
-    """Start the server in a child process on a free port; stop it on exit."""
+def serve(tls: tuple[str, str] | None = None) -> Iterator[GroundTruthServer]:
+    """Start the server in a child process on a free port; stop it on exit. ``tls``: (cert,
+    key) paths: serve HTTPS with them (clients trust the cert as their CA)."""
     process = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__)],
+        [sys.executable, os.path.abspath(__file__), "0", *(tls or ())],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -732,7 +755,7 @@ def serve() -> Iterator[GroundTruthServer]:
         line = process.stdout.readline() if process.stdout else ""
         if not line.startswith("PORT "):
             raise RuntimeError(f"ground-truth server did not start: {line!r}")
-        yield GroundTruthServer(process, int(line.split()[1]))
+        yield GroundTruthServer(process, int(line.split()[1]), tls[0] if tls else None)
     finally:
         process.terminate()
         try:
@@ -746,4 +769,4 @@ def serve() -> Iterator[GroundTruthServer]:
 
 if __name__ == "__main__":
     with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 0))
+        asyncio.run(_main(int(sys.argv[1]) if len(sys.argv) > 1 else 0, *sys.argv[2:4]))

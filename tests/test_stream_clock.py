@@ -181,6 +181,31 @@ def test_a_blocked_loop_coalesces_and_is_flagged_a_free_one_is_not(server) -> No
     assert percentile(blocked_errors, 99) > 2.0 > percentile(free_errors, 99)
 
 
+def test_https_reads_are_stamped_before_decryption(tmp_path, monkeypatch) -> None:
+    """TLS: the stamp belongs to the raw read that delivered the encrypted bytes. Through
+    run_levels, whose client process trusts the instrument's certificate (SSL_CERT_FILE)."""
+    cert, key = gt.self_signed_cert(tmp_path)
+    monkeypatch.setenv("SSL_CERT_FILE", cert)
+    with gt.serve(tls=(cert, key)) as tls_server:
+        assert tls_server.base_url.startswith("https://")
+        settings = LevelSettings(
+            model="ticks:20:10", prompts=[f"p{i}" for i in range(8)], max_tokens=20, num_requests=8,
+            max_concurrency=8, warmup=0,
+        )  # fmt: skip
+        (level,) = run_levels(Connection(tls_server.base_url, None, 10.0), [settings], count_tokens=None)
+        stamps = tls_server.stamps()
+    assert level.metrics["arrival_clock"] == "kernel" and level.metrics["num_errors"] == 0
+    errors = []
+    for r in level.measured:
+        true = stamps[f"p{r.request_id.split('-r')[1]}"]["text_sent_ns"]
+        got = [r.send_ns + o * 1e6 for o in r.token_offsets_ms]
+        assert r.arrival_clock == "kernel" and len(got) == len(true) == 20
+        assert all(t - 1e3 <= g for g, t in zip(got, true))  # never before the write
+        errors += [((got[i] - got[i - 1]) - (true[i] - true[i - 1])) / 1e6 for i in range(1, len(true))]
+    assert percentile(sorted(errors), 50) == pytest.approx(0.0, abs=0.2)
+    assert all(r.connect_ms is not None and r.connect_ms < r.request_sent_ms for r in level.measured)
+
+
 # Cases from public reports ------------------------------------------------------------------
 
 

@@ -587,6 +587,8 @@ async def _stream_ticks(
         delay = due - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if writer.is_closing():  # the client went away (a pre-flight probe reads one chunk)
+            return
         data = _http_chunk(texts[i % len(texts)])
         stamps.append(perf())
         writer.write(data)

@@ -240,7 +240,11 @@ REGISTRY: tuple[Metric, ...] = (
         "higher",
     ),
     Metric(
-        "coalesced_event_fraction", "fraction", "stream", "coalesced_events / ITL gaps (kernel clock).", "higher"
+        "coalesced_event_fraction",
+        "fraction",
+        "stream",
+        "coalesced_events / ITL gaps (kernel clock).",
+        "higher",
     ),
     Metric(
         "achieved_request_rate",

@@ -132,14 +132,14 @@ def parent_run(
     interrupted flow run), and the exception goes on.
     """
     logger = get_run_logger()
-    target = TrackingTarget(tracking.experiment, None, tracking.enabled and track)
+    workdir = new_workdir(flow_name)  # first: it holds the tracking journal should the server go
+    target = TrackingTarget(tracking.experiment, None, tracking.enabled and track, journal=str(workdir))
     tracker = target.open()
     all_tags = _tags(flow_name, tags or {})
     all_tags["config_name"] = run_name
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)
     tracker.log_params(run_id, flatten_params(dict(params)))
     tracker.log_dict(run_id, dict(params), "config.yaml")
-    workdir = new_workdir(flow_name)
     logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
     run = ParentRun(target, tracker, run_id, workdir, all_tags)
     try:

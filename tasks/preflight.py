@@ -39,6 +39,7 @@ __all__ = [
     "check_hf_source",
     "check_reachable",
     "check_settings",
+    "check_tracking_server",
 ]
 
 
@@ -283,6 +284,42 @@ def check_settings(
         key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
         key = os.environ.get(key_env) if key_env else None
         check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api)
+
+
+def check_tracking_server(uri: str, timeout_s: float = 30.0) -> None:
+    """An MLflow tracking server (``http(s)://``) that answers ``/health`` can still fail every
+    call: its database refuses it (a wrong password in its ``--backend-store-uri``, a database
+    that is down). One real read, ``GET /api/2.0/mlflow/experiments/search?max_results=1``,
+    must answer 200 (no MLflow client: its retries take minutes).
+
+    Raises:
+        PreflightError: (``tracking_uri``) no answer, or an error status with the server's
+            own message (``password authentication failed for user "x"``).
+    """
+    base = uri.rstrip("/")
+    url = f"{base}/api/2.0/mlflow/experiments/search?max_results=1"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s):
+            return
+    except urllib.error.HTTPError as exc:
+        try:
+            said = _error_text(exc.read(4096).decode(errors="replace"))
+        except OSError:
+            said = ""
+        fatal = said.split("FATAL:", 1)[-1].split("(Background", 1)[0].strip(" :")
+        raise PreflightError(
+            "tracking_uri",
+            f"the MLflow tracking server at {base} answered {exc.code} to GET "
+            f"/api/2.0/mlflow/experiments/search ({fatal[:200]}); check the database URI the "
+            "server was started with (--backend-store-uri), then restart it",
+        ) from None
+    except (urllib.error.URLError, OSError) as exc:  # e.g. a server retrying its database for minutes
+        raise PreflightError(
+            "tracking_uri",
+            f"the MLflow tracking server at {base} does not answer GET /api/2.0/mlflow/experiments/search "
+            f"({getattr(exc, 'reason', exc)} after {timeout_s:g} s); its log says why (a database that "
+            "refuses it: check its --backend-store-uri)",
+        ) from None
 
 
 class SettingsError(ValueError):

@@ -9,6 +9,11 @@ in the ``config.yaml`` artifact instead.
 
 Tracking URI: ``MLFLOW_TRACKING_URI`` when set, else ``sqlite:///<repo>/mlruns/mlflow.db`` with
 artifacts under ``<repo>/mlruns/artifacts`` (this MLflow refuses the plain file store).
+
+A tracker given a ``journal`` folder (a flow run's work folder) survives a tracking server that
+goes away: the first call that finds it gone (after :data:`HTTP_RETRIES` retries, not MLflow's
+default 7 over ~4 minutes) and every write after it go to the journal
+(:mod:`tasks.tracking_journal`); ``infermeter sync`` sends them once the server is back.
 """
 
 from __future__ import annotations
@@ -17,14 +22,24 @@ import json
 import math
 import os
 import time
+import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.models import REPO_ROOT
+from tasks.tracking_journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
+from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_params: imported from here)
+    MAX_PARAM_CHARS,
+    artifact_root_for,
+    canonical_param,
+    chunks,
+    default_tracking_uri,
+    finite_metrics,
+    flatten_params,
+    run_dict,
+)
 
-MAX_PARAM_CHARS = 6000
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 PARENT_TAG = "mlflow.parentRunId"
@@ -34,87 +49,26 @@ PARENT_TAG = "mlflow.parentRunId"
 #: GenAI here. Set when this module creates an experiment, or finds one without it.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+#: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
+#: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
+HTTP_RETRIES = 3
 
 
-def default_tracking_uri() -> str:
-    """``MLFLOW_TRACKING_URI``, else the project's SQLite store under mlruns/."""
-    uri = os.environ.get("MLFLOW_TRACKING_URI")
-    if uri:
-        return uri
-    store = REPO_ROOT / "mlruns"
-    store.mkdir(parents=True, exist_ok=True)
-    return f"sqlite:///{store / 'mlflow.db'}"
+def server_gone(exc: BaseException) -> bool:
+    """Whether an MLflow client error means the server is not there (refused, timed out, or
+    still 5xx after the retries) rather than a request it refused (4xx: raised as before)."""
+    import re
 
+    from mlflow.exceptions import MlflowException
 
-def _artifact_root_for(uri: str) -> str | None:
-    """Local artifact root beside a SQLite store; None lets a tracking server decide."""
-    if uri.startswith("sqlite:///"):
-        db_path = Path(uri.removeprefix("sqlite:///"))
-        return (db_path.parent / "artifacts").resolve().as_uri()
-    return None
-
-
-def canonical_param(value: Any) -> str:
-    """One string form per value, so a resume never re-logs "7" as "7.0". Lists and dicts as
-    one-line JSON with a space after each comma (``[1, 4]``: how a person writes it, and what
-    the MLflow UI's params table shows without unfolding it)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
-
-
-def flatten_params(data: Mapping[str, Any], prefix: str = "", max_chars: int = 250) -> dict[str, str]:
-    """Flatten a nested config dict to dotted keys with canonical string values.
-
-    Lists and dicts that fit in ``max_chars`` become compact JSON; longer ones (prompt lists)
-    are left to the config artifact.
-    """
-    flat: dict[str, str] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value and all(isinstance(k, str) for k in value):
-            nested = flatten_params(value, f"{name}.", max_chars)
-            if nested:
-                flat.update(nested)
-                continue
-        text = canonical_param(value)
-        if len(text) <= min(max_chars, MAX_PARAM_CHARS):
-            flat[name] = text
-        elif isinstance(value, (list, tuple)):
-            flat[f"{name}.count"] = str(len(value))
-    return flat
-
-
-def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
-    """Keep numeric, finite values (None, NaN and inf cannot be MLflow metrics)."""
-    kept = {}
-    for key, value in metrics.items():
-        if isinstance(value, bool):
-            value = int(value)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            kept[key] = float(value)
-    return kept
-
-
-def _run_dict(run) -> dict:
-    return {
-        "run_id": run.info.run_id,
-        "name": run.info.run_name,
-        "status": run.info.status,
-        "start_time_ms": run.info.start_time,
-        "metrics": dict(run.data.metrics),
-        "params": dict(run.data.params),
-        "tags": dict(run.data.tags),
-    }
-
-
-def _chunks(items: list, size: int) -> Iterable[list]:
-    for start in range(0, len(items), size):
-        yield items[start : start + size]
+    text = str(exc)
+    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
+        ("requests", "urllib3")
+    ):
+        return True
+    return isinstance(exc, MlflowException) and bool(
+        re.search(r"failed with (timeout )?exception|error code 5\d\d|too many 5\d\d", text)
+    )
 
 
 @dataclass(frozen=True)
@@ -125,38 +79,76 @@ class TrackingTarget:
     experiment: str
     tracking_uri: str | None
     enabled: bool = True
+    journal: str | None = None  # the run's work folder: writes the server missed go there
 
     def open(self) -> Tracker:
-        return Tracker(self.experiment, self.tracking_uri, self.enabled)
+        return Tracker(self.experiment, self.tracking_uri, self.enabled, self.journal)
 
 
 class Tracker:
     """Explicit-run-id access to one MLflow experiment; a disabled tracker does nothing.
 
-    Every method takes the run id; none reads MLflow's active run.
+    Every method takes the run id; none reads MLflow's active run. With ``journal`` (a folder)
+    writes that find the server gone are journaled there instead of raising (module docstring).
     """
 
-    def __init__(self, experiment: str, tracking_uri: str | None = None, enabled: bool = True):
+    def __init__(
+        self,
+        experiment: str,
+        tracking_uri: str | None = None,
+        enabled: bool = True,
+        journal: str | None = None,
+    ):
         self.enabled = enabled
         self.experiment = experiment
         self.tracking_uri = tracking_uri or (default_tracking_uri() if enabled else None)
         self._client = None
         self._experiment_id: str | None = None
+        self.journal = Journal(journal) if journal and enabled else None
         if enabled:
             from mlflow.tracking import MlflowClient
 
+            if self.journal and self.tracking_uri.startswith("http"):
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", str(HTTP_RETRIES))
+                os.environ.setdefault("MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR", "1")
             self._client = MlflowClient(tracking_uri=self.tracking_uri)
-            found = self._client.get_experiment_by_name(experiment)
-            if found is None:
-                self._experiment_id = self._client.create_experiment(
-                    experiment,
-                    artifact_location=_artifact_root_for(self.tracking_uri),
-                    tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-                )
-            else:
-                self._experiment_id = found.experiment_id
-                if EXPERIMENT_KIND_TAG not in found.tags:  # made before; a user's choice stays
-                    self._client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+            if not (self.journal and self.journal.offline):
+                self._write("experiment", {}, self._open_experiment)
+
+    def _open_experiment(self) -> None:
+        """Find or create the experiment (tagged with :data:`EXPERIMENT_KIND`)."""
+        found = self._client.get_experiment_by_name(self.experiment)
+        if found is None:
+            self._experiment_id = self._client.create_experiment(
+                self.experiment,
+                artifact_location=artifact_root_for(self.tracking_uri),
+                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
+            )
+        else:
+            self._experiment_id = found.experiment_id
+            if EXPERIMENT_KIND_TAG not in found.tags:  # made before; a user's choice stays
+                self._client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+
+    @property
+    def offline(self) -> bool:
+        """Whether this run's writes go to its journal (the server was found gone)."""
+        return bool(self.journal and self.journal.offline)
+
+    def _write(self, op: str, fields: dict, call) -> Any:
+        """``call()``; with a journal, a server found gone (now or by another tracker of the
+        run) journals ``op`` with ``fields`` instead and returns None."""
+        if self.journal is None:
+            return call()
+        if not self.journal.offline:
+            try:
+                return call()
+            except Exception as exc:
+                if not server_gone(exc):
+                    raise
+                self.journal.go_offline(self.tracking_uri, f"{type(exc).__name__}: {exc}")
+        if op != "experiment":
+            self.journal.append(op, self.experiment, fields)
+        return None
 
     def start_run(
         self,
@@ -173,16 +165,30 @@ class Tracker:
         all_tags = {key: str(value) for key, value in (tags or {}).items()}
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
-        run = self._client.create_run(
-            self._experiment_id, start_time=start_time_ms, run_name=name, tags=all_tags
+        if self.journal is None:
+            return self._create(name, all_tags, start_time_ms)
+        key = uuid.uuid4().hex
+        all_tags[RUN_KEY_TAG] = key  # finds the run again should its create be journaled
+        start = start_time_ms or int(time.time() * 1000)
+        fields = {"key": key, "name": name, "tags": all_tags, "start_time_ms": start}
+        return self._write("create_run", fields, lambda: self._create(name, all_tags, start)) or (
+            OFFLINE_PREFIX + key
         )
-        return run.info.run_id
+
+    def _create(self, name: str, tags: dict[str, str], start_time_ms: int | None) -> str:
+        return self._client.create_run(
+            self._experiment_id, start_time=start_time_ms, run_name=name, tags=tags
+        ).info.run_id
 
     def end_run(self, run_id: str | None, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
         """End the run; ``end_time_ms`` (Unix ms) when what it records ended earlier (default now):
         MLflow's Duration column is end - start."""
         if self.enabled and run_id:
-            self._client.set_terminated(run_id, status=status, end_time=end_time_ms)
+            end = end_time_ms or int(time.time() * 1000)
+            fields = {"run_id": run_id, "status": status, "end_time_ms": end}
+            self._write(
+                "end", fields, lambda: self._client.set_terminated(run_id, status=status, end_time=end)
+            )
 
     def log_params(self, run_id: str | None, params: Mapping[str, str]) -> None:
         if not (self.enabled and run_id and params):
@@ -190,8 +196,8 @@ class Tracker:
         from mlflow.entities import Param
 
         entries = [Param(key, str(value)[:MAX_PARAM_CHARS]) for key, value in params.items()]
-        for batch in _chunks(entries, MAX_PARAMS_PER_BATCH):
-            self._client.log_batch(run_id, params=batch, synchronous=True)
+        for batch in chunks(entries, MAX_PARAMS_PER_BATCH):
+            self._batch(run_id, params=batch)
 
     def log_metrics(self, run_id: str | None, metrics: Mapping[str, Any], step: int = 0) -> None:
         """Log finite numeric metrics in batches of 1000; other values are skipped."""
@@ -201,8 +207,8 @@ class Tracker:
 
         now_ms = int(time.time() * 1000)  # MLflow's timestamp is wall-clock by definition
         entries = [Metric(k, v, now_ms, step) for k, v in finite_metrics(metrics).items()]
-        for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
-            self._client.log_batch(run_id, metrics=batch, synchronous=True)
+        for batch in chunks(entries, MAX_METRICS_PER_BATCH):
+            self._batch(run_id, metrics=batch)
 
     def log_metric_series(
         self, run_id: str | None, key: str, values: Iterable[float], durations: bool = False
@@ -226,8 +232,8 @@ class Tracker:
                 remaining -= v
                 stamps[i] = now_ms - remaining
         entries = [Metric(key, v, int(round(stamp)), step) for (step, v), stamp in zip(kept, stamps)]
-        for batch in _chunks(entries, MAX_METRICS_PER_BATCH):
-            self._client.log_batch(run_id, metrics=batch, synchronous=True)
+        for batch in chunks(entries, MAX_METRICS_PER_BATCH):
+            self._batch(run_id, metrics=batch)
 
     def set_tags(self, run_id: str | None, tags: Mapping[str, Any]) -> None:
         if not (self.enabled and run_id and tags):
@@ -235,26 +241,45 @@ class Tracker:
         from mlflow.entities import RunTag
 
         entries = [RunTag(key, str(value)[:8000]) for key, value in tags.items()]
-        for batch in _chunks(entries, MAX_PARAMS_PER_BATCH):
-            self._client.log_batch(run_id, tags=batch, synchronous=True)
+        for batch in chunks(entries, MAX_PARAMS_PER_BATCH):
+            self._batch(run_id, tags=batch)
+
+    def _batch(self, run_id: str, metrics=(), params=(), tags=()) -> None:
+        """One ``log_batch`` call (journaled as plain lists when the server is gone)."""
+        fields = {
+            "run_id": run_id,
+            "metrics": [[m.key, m.value, m.timestamp, m.step] for m in metrics],
+            "params": [[p.key, p.value] for p in params],
+            "tags": [[t.key, t.value] for t in tags],
+        }
+        call = lambda: self._client.log_batch(  # noqa: E731
+            run_id, metrics=list(metrics), params=list(params), tags=list(tags), synchronous=True
+        )
+        self._write("log_batch", fields, call)
 
     def log_artifact(self, run_id: str | None, path: str | Path, artifact_path: str | None = None) -> None:
         if self.enabled and run_id and Path(path).exists():
-            self._client.log_artifact(run_id, str(path), artifact_path)
+            fields = {"run_id": run_id, "path": str(path), "artifact_path": artifact_path}
+            self._write(
+                "artifact", fields, lambda: self._client.log_artifact(run_id, str(path), artifact_path)
+            )
 
     def log_text(self, run_id: str | None, text: str, artifact_file: str) -> None:
         if self.enabled and run_id:
-            self._client.log_text(run_id, text, artifact_file)
+            fields = {"run_id": run_id, "data": text, "file": artifact_file}
+            self._write("text", fields, lambda: self._client.log_text(run_id, text, artifact_file))
 
     def log_dict(self, run_id: str | None, data: dict, artifact_file: str) -> None:
         if self.enabled and run_id:
-            self._client.log_dict(run_id, data, artifact_file)
+            fields = {"run_id": run_id, "data": data, "file": artifact_file}
+            self._write("dict", fields, lambda: self._client.log_dict(run_id, data, artifact_file))
 
     def log_table(self, run_id: str | None, rows: list[dict], artifact_file: str) -> None:
         """Rows (dicts with the same keys) as an MLflow table artifact (the UI's table view)."""
         if self.enabled and run_id and rows:
-            columns = list(rows[0])
-            self._client.log_table(run_id, {c: [row.get(c) for row in rows] for c in columns}, artifact_file)
+            data = {c: [row.get(c) for row in rows] for c in rows[0]}
+            fields = {"run_id": run_id, "data": data, "file": artifact_file}
+            self._write("table", fields, lambda: self._client.log_table(run_id, data, artifact_file))
 
     def load_table(self, run_id: str | None, artifact_file: str) -> list[dict]:
         """The rows of a table that :meth:`log_table` wrote ([] when tracking is off or the run
@@ -263,7 +288,7 @@ class Tracker:
 
         from mlflow.exceptions import MlflowException
 
-        if not (self.enabled and run_id):
+        if not (self.enabled and run_id) or self.offline:
             return []
         with tempfile.TemporaryDirectory() as folder:
             try:
@@ -297,7 +322,7 @@ class Tracker:
         found = []
         for run_id in run_ids:
             try:
-                found.append(_run_dict(self._client.get_run(run_id)))
+                found.append(run_dict(self._client.get_run(run_id)))
             except MlflowException:
                 raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
         return found
@@ -305,7 +330,7 @@ class Tracker:
     def find_runs(self, filter_string: str, max_results: int = 10, exclude: str | None = None) -> list[dict]:
         """Runs of this experiment matching an MLflow filter, newest first, as plain dicts
         (run_id, name, status, start_time_ms, metrics, params, tags)."""
-        if not self.enabled:
+        if not self.enabled or self.offline:
             return []
         runs = self._client.search_runs(
             [self._experiment_id],
@@ -313,12 +338,12 @@ class Tracker:
             max_results=max_results + (1 if exclude else 0),
             order_by=["attributes.start_time DESC"],
         )
-        return [_run_dict(r) for r in runs if r.info.run_id != exclude][:max_results]
+        return [run_dict(r) for r in runs if r.info.run_id != exclude][:max_results]
 
     def run_url(self, run_id: str | None) -> str | None:
         """The run's page when the tracking URI is a server; None for a local store."""
-        if not (self.enabled and run_id and self.tracking_uri.startswith("http")):
-            return None
+        if not (self.enabled and run_id and self._experiment_id and self.tracking_uri.startswith("http")):
+            return None  # not a server, or not known to it yet (journaled: offline-...)
         return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
 
     def ui_command(self) -> str:
@@ -327,3 +352,60 @@ class Tracker:
         if uri.startswith("http"):
             return f"open {uri}"
         return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000"
+
+    def replay(self, entry: dict, ids: Mapping[str, str]) -> str | None:
+        """Send one journal entry (:mod:`tasks.tracking_journal`) to this store, ``offline-<key>``
+        run ids mapped through ``ids``. A ``create_run`` returns the run's id: the run its key
+        tag finds (an earlier try that reached the server), else a new one.
+
+        Raises:
+            LookupError: the entry names an offline run that was never created.
+            mlflow.exceptions.MlflowException: the server refused or did not answer.
+        """
+        from mlflow.entities import Metric, Param, RunTag
+
+        def real(value: str) -> str:
+            return ids.get(value, value)
+
+        if entry["op"] == "create_run":
+            key = entry["key"]
+            found = self._client.search_runs(
+                [self._experiment_id], f"tags.{RUN_KEY_TAG} = '{key}'", max_results=1
+            )
+            tags = {k: real(v) if k == PARENT_TAG else v for k, v in entry["tags"].items()}
+            return (
+                found[0].info.run_id if found else self._create(entry["name"], tags, entry["start_time_ms"])
+            )
+        run_id = real(entry["run_id"])
+        if run_id.startswith(OFFLINE_PREFIX):
+            raise LookupError(f"journal entry {entry['id']}: run {run_id} was never created")
+        op, data, file = entry["op"], entry.get("data"), entry.get("file")
+        if op == "log_batch":
+            self._client.log_batch(
+                run_id,
+                metrics=[Metric(*m) for m in entry["metrics"]],
+                params=[Param(*p) for p in entry["params"]],
+                tags=[RunTag(k, real(v) if k == PARENT_TAG else v) for k, v in entry["tags"]],
+                synchronous=True,
+            )
+        elif op == "artifact":
+            self._client.log_artifact(run_id, entry["path"], entry["artifact_path"])
+        elif op in ("text", "dict", "table"):
+            getattr(self._client, f"log_{op}")(run_id, data, file)
+        elif op == "end":
+            self._client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time_ms"])
+        return None
+
+
+def journal_replayer(tracking_uri: str):
+    """``replay(entry, ids)`` for :func:`tasks.tracking_journal.sync`: each entry through a
+    tracker (no journal: failures raise) of its own experiment at ``tracking_uri``."""
+    trackers: dict[str, Tracker] = {}
+
+    def replay(entry: dict, ids: Mapping[str, str]) -> str | None:
+        name = entry["experiment"]
+        if name not in trackers:
+            trackers[name] = Tracker(name, tracking_uri)
+        return trackers[name].replay(entry, ids)
+
+    return replay

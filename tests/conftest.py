@@ -158,3 +158,27 @@ def mlflow_server(tmp_path_factory):
     )
     yield f"http://127.0.0.1:{port}", root
     _stop(proc)
+
+
+@pytest.fixture(scope="session")
+def postgres():
+    """A real PostgreSQL for the session (tests/cluster.py ``postgres_cluster``): yields a
+    ``tests.cluster.PgCluster`` (host 127.0.0.1, port, user, password; ``.uri(db)``,
+    ``.create_database(name)`` -> URI). As root it runs as ``nobody``. Stopped at the end."""
+    from tests.cluster import postgres_cluster
+
+    with postgres_cluster() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def mlflow_pg_server(postgres, tmp_path_factory):
+    """A real ``mlflow server`` on the ``postgres`` fixture's database ``mlflow`` with proxied
+    artifacts (``--artifacts-destination``); yields its URI ``http://127.0.0.1:PORT`` (set it
+    as ``MLFLOW_TRACKING_URI`` in the test: the fixture changes no environment). Stopped at
+    the end."""
+    from tests.cluster import mlflow_server
+
+    backend = postgres.create_database("mlflow")
+    with mlflow_server(backend, tmp_path_factory.mktemp("mlflow-pg") / "artifacts") as uri:
+        yield uri

@@ -187,6 +187,13 @@ def preflight(track: bool) -> None:
         except (urllib.error.URLError, OSError) as exc:
             reason = getattr(exc, "reason", exc)
             fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")
+    if track and tracking_uri.startswith("http"):  # it answers: can it reach its database?
+        from tasks.preflight import PreflightError, check_tracking_server
+
+        try:
+            check_tracking_server(tracking_uri)
+        except PreflightError as exc:
+            fail_input(f"MLFLOW_TRACKING_URI: {exc.message}")
 
 
 def run_flow(
@@ -227,11 +234,38 @@ def run_flow(
         )
         raise typer.Exit(130) from None
     result = state.result(raise_on_failure=False)
+    report_tracking_journal((result.get("workdir") if isinstance(result, dict) else None) or latest_workdir())
     if not isinstance(result, dict):
         typer.echo(f"{name} failed: {result}", err=True)
         raise typer.Exit(1)
     write_json(json_path, {key: result[key] for key in (*json_keys, "mlflow_run_id")})
     return state, result
+
+
+#: Lines a command ends with, after its tables (:func:`closing_lines`, called by ``app.main``).
+_CLOSING: list[str] = []
+
+
+def report_tracking_journal(workdir: str | Path | None) -> None:
+    """When the tracking server went away during the run (its writes went to the journal in
+    the run folder, :mod:`tasks.tracking_journal`), the command ends, after its tables, with
+    one line naming the server, why, the folder and the command that uploads the rest; exit 1."""
+    from tasks.tracking_journal import offline_note
+
+    note = offline_note(workdir) if workdir else None
+    if note is not None:
+        _CLOSING.append(
+            f"error: MLflow tracking server {note.uri} stopped answering ({note.reason}); the run's "
+            f"records are in {workdir}; once the server is back: infermeter sync {workdir}"
+        )
+
+
+def closing_lines(code: Any) -> Any:
+    """Print the lines the command saved for its end (stderr); the exit code becomes 1 when
+    it was 0 and there were any."""
+    for line in _CLOSING:
+        typer.echo(line, err=True)
+    return 1 if _CLOSING and code in (0, None) else code
 
 
 def check_json_path(path: Path | None) -> None:

@@ -1,0 +1,105 @@
+"""How values become MLflow params and metrics: one canonical string per param value, flat
+dotted keys, finite floats only. Also the default tracking URI and plain forms of runs. Standard library only; re-exported
+by :mod:`tasks.tracking`, which is where callers import them from."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from tasks.models import REPO_ROOT
+
+__all__ = [
+    "MAX_PARAM_CHARS",
+    "canonical_param",
+    "default_tracking_uri",
+    "finite_metrics",
+    "flatten_params",
+]
+
+MAX_PARAM_CHARS = 6000
+
+
+def canonical_param(value: Any) -> str:
+    """One string form per value, so a resume never re-logs "7" as "7.0". Lists and dicts as
+    one-line JSON with a space after each comma (``[1, 4]``: how a person writes it, and what
+    the MLflow UI's params table shows without unfolding it)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (int, float, str)):
+        return str(value)
+    return json.dumps(value, ensure_ascii=False, sort_keys=True, separators=(", ", ": "))
+
+
+def flatten_params(data: Mapping[str, Any], prefix: str = "", max_chars: int = 250) -> dict[str, str]:
+    """Flatten a nested config dict to dotted keys with canonical string values.
+
+    Lists and dicts that fit in ``max_chars`` become compact JSON; longer ones (prompt lists)
+    are left to the config artifact.
+    """
+    flat: dict[str, str] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value and all(isinstance(k, str) for k in value):
+            nested = flatten_params(value, f"{name}.", max_chars)
+            if nested:
+                flat.update(nested)
+                continue
+        text = canonical_param(value)
+        if len(text) <= min(max_chars, MAX_PARAM_CHARS):
+            flat[name] = text
+        elif isinstance(value, (list, tuple)):
+            flat[f"{name}.count"] = str(len(value))
+    return flat
+
+
+def finite_metrics(metrics: Mapping[str, Any]) -> dict[str, float]:
+    """Keep numeric, finite values (None, NaN and inf cannot be MLflow metrics)."""
+    kept = {}
+    for key, value in metrics.items():
+        if isinstance(value, bool):
+            value = int(value)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            kept[key] = float(value)
+    return kept
+
+
+def default_tracking_uri() -> str:
+    """``MLFLOW_TRACKING_URI``, else the project's SQLite store under mlruns/."""
+    uri = os.environ.get("MLFLOW_TRACKING_URI")
+    if uri:
+        return uri
+    store = REPO_ROOT / "mlruns"
+    store.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{store / 'mlflow.db'}"
+
+
+def artifact_root_for(uri: str) -> str | None:
+    """Local artifact root beside a SQLite store; None lets a tracking server decide."""
+    if uri.startswith("sqlite:///"):
+        db_path = Path(uri.removeprefix("sqlite:///"))
+        return (db_path.parent / "artifacts").resolve().as_uri()
+    return None
+
+
+def run_dict(run) -> dict:
+    return {
+        "run_id": run.info.run_id,
+        "name": run.info.run_name,
+        "status": run.info.status,
+        "start_time_ms": run.info.start_time,
+        "metrics": dict(run.data.metrics),
+        "params": dict(run.data.params),
+        "tags": dict(run.data.tags),
+    }
+
+
+def chunks(items: list, size: int) -> Iterable[list]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]

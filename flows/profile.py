@@ -24,7 +24,9 @@ def run_profile(config: ProfileFlowConfig, track: bool = True, show_progress: bo
     "ui_command"}`` (``error`` None, or why the stage failed)."""
     from tasks.models import resolve
     from tasks.pipeline import ProfileSweepFailed, profile_stage
+    from tasks.pipeline.fanout import check_flow_task_runner
 
+    check_flow_task_runner(config.profile.task_runner, "profile.task_runner")  # before any run
     logger = get_run_logger()
     tags = {"model": config.profile.model, "random_weights": resolve(config.profile.model).random_weights}
     # the params are the sections only (not the run name): the names the profile runs have

@@ -28,6 +28,7 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
     # `infermeter --help` does not need
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import sweep_stage
+    from tasks.pipeline.fanout import check_flow_task_runner
     from tasks.report import summary as report
 
     local = config.sweep.target == "local"
@@ -37,6 +38,7 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
         check_flow_settings(None, config.sweep.local_model)
     else:
         check_flow_settings(config.endpoint)
+    check_flow_task_runner(config.sweep.task_runner, "sweep.task_runner")
     tags = {
         "model": config.sweep.local_model if local else config.server.model,
         "endpoint": "local" if local else (config.endpoint.base_url or "embedded"),

@@ -7,7 +7,7 @@ import signal
 
 import typer
 
-from flows.commands import audit, capacity, compare, deploy, profile, server, stream, sweep, tokenize
+from flows.commands import audit, capacity, compare, deploy, profile, server, stream, sweep, sync, tokenize
 
 app = typer.Typer(
     name="infermeter",
@@ -21,11 +21,13 @@ app.command("audit")(audit.command)
 app.command("server")(server.command)
 app.command("compare")(compare.command)
 app.command("serve")(deploy.command)
+app.command("deploy")(deploy.deploy_command)
 app.command("stream")(stream.command)
 app.command("profile")(profile.command)
 app.command("tokenize")(tokenize.command)
 app.command("sweep")(sweep.command)
 app.command("capacity")(capacity.command)
+app.command("sync")(sync.command)
 
 
 def _terminate(signum, frame):
@@ -39,7 +41,12 @@ def main() -> None:
     from flows.commands.helptext import show_config_defaults
 
     signal.signal(signal.SIGTERM, _terminate)
-    show_config_defaults(typer.main.get_command(app))(prog_name="infermeter")
+    try:
+        show_config_defaults(typer.main.get_command(app))(prog_name="infermeter")
+    except SystemExit as exc:  # the lines a command keeps for its very end (a lost tracking server)
+        from flows.commands.common import closing_lines
+
+        raise SystemExit(closing_lines(exc.code)) from None
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""`infermeter serve`: deployments for every flow, served against the Prefect API.
+"""`infermeter serve` and `infermeter deploy --pool NAME`: deployments for every flow, served from
+this process or registered on a work pool, against the Prefect API.
 
 Each flow takes one pydantic config model (AuditConfig, StreamFlowConfig, ProfileFlowConfig,
 SweepFlowConfig, TokenizeFlowConfig, CapacityFlowConfig), so the Prefect UI renders a typed form with the defaults
@@ -7,8 +8,9 @@ and descriptions of tasks/config; a run launched from the UI, from
 parameters it was given. The audit deployment takes the config's `schedule_cron` (off by
 default) and compares each run with its baseline.
 
-Runs execute in subprocesses of this process (Prefect's runner). For other machines use a work
-pool instead (README, "Past one machine").
+Runs execute in subprocesses of this process (Prefect's runner). For other machines,
+`infermeter deploy --pool NAME` registers the same deployments on a work pool, whose workers
+(`prefect worker start --pool NAME`, any folder) run them (README, "Past one machine").
 """
 
 from __future__ import annotations
@@ -87,22 +89,22 @@ def build_deployments(audit_config: AuditConfig, cron: str | None, timezone: str
     return deployments
 
 
-def command(
-    config: Annotated[
-        Optional[Path], typer.Option(help="Audit config whose values are the form's defaults.")
-    ] = None,
-    cron: Annotated[
-        Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")
-    ] = None,
-    limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
-    timezone: Annotated[
-        Optional[str],
-        typer.Option(help="IANA time zone the --cron schedule is read in. [default: the machine's]"),
-    ] = None,
-) -> None:
-    """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""
-    from prefect import serve
+ConfigOption = Annotated[
+    Optional[Path], typer.Option(help="Audit config whose values are the form's defaults.")
+]
+CronOption = Annotated[
+    Optional[str], typer.Option(help="Cron schedule for the audit (overrides schedule_cron).")
+]
+TimezoneOption = Annotated[
+    Optional[str],
+    typer.Option(help="IANA time zone the --cron schedule is read in. [default: the machine's]"),
+]
 
+
+def _deployments(config: Path | None, cron: str | None, timezone: str | None) -> list:
+    """What `serve` and `deploy` share: PREFECT_API_URL set and answering, the audit config
+    (with --cron) and the time zone checked (each bad one exits 2 with one line), then
+    :func:`build_deployments`."""
     if not os.environ.get("PREFECT_API_URL"):
         fail_input(
             "PREFECT_API_URL is not set: start a server (`.venv/bin/prefect server start`) and "
@@ -122,4 +124,44 @@ def command(
     except (ValueError, KeyError, OSError):
         fail_input(f"--timezone: {zone!r} is not an IANA time zone name; e.g. Europe/Paris or UTC")
     preflight(track=True)
-    serve(*build_deployments(cfg, cfg.schedule_cron, zone), limit=limit)
+    return build_deployments(cfg, cfg.schedule_cron, zone)
+
+
+def command(
+    config: ConfigOption = None,
+    cron: CronOption = None,
+    limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
+    timezone: TimezoneOption = None,
+) -> None:
+    """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""
+    from prefect import serve
+
+    serve(*_deployments(config, cron, timezone), limit=limit)
+
+
+def deploy_command(
+    pool: Annotated[
+        str, typer.Option(help="The Prefect work pool (`prefect work-pool create NAME --type process`).")
+    ],
+    config: ConfigOption = None,
+    cron: CronOption = None,
+    timezone: TimezoneOption = None,
+) -> None:
+    """Register every flow's deployment on a work pool; `prefect worker start --pool NAME` (any
+    machine with this repository's .venv, from any folder) runs them."""
+    from prefect.client.orchestration import get_client
+    from prefect.exceptions import ObjectNotFound
+
+    deployments = _deployments(config, cron, timezone)
+    try:
+        with get_client(sync_client=True) as client:
+            kind = client.read_work_pool(pool).type
+    except ObjectNotFound:
+        fail_input(
+            f"--pool: no work pool {pool!r} at {os.environ['PREFECT_API_URL']}; create it "
+            f"(`prefect work-pool create {pool} --type process`) or name another"
+        )
+    for deployment in deployments:
+        deployment_id = deployment.apply(work_pool_name=pool)
+        typer.echo(f"{deployment.flow_name}/{deployment.name}: {deployment_id} (pool {pool}, {kind})")
+    typer.echo(f"Start a worker on each machine that runs flows: prefect worker start --pool {pool}")

@@ -26,6 +26,7 @@ from flows.commands.common import (
     parse_list,
     run_flow,
 )
+from flows.commands.fanout import TaskRunnerOption, check_task_runner
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from tasks.config import AuditConfig, ProfileFlowConfig
 
@@ -109,6 +110,7 @@ def command(
             help="Per-part time of one profiled prefill and decode steps (torch.profiler, apart from the timed repeats) and the roofline.",
         ),
     ] = None,
+    task_runner: TaskRunnerOption = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -131,10 +133,12 @@ def command(
             "warmup": warmup,
             "num_layers": num_layers,
             "breakdown": breakdown,
+            "task_runner": task_runner,
             "enabled": True,
         },
     )
     check_input(cfg)
+    check_task_runner(cfg.profile.task_runner)
     if cfg.profile.breakdown:
         check_breakdown(cfg)
 

@@ -27,8 +27,10 @@ from flows.commands.common import (
     load_or_fail,
     parse_list,
     run_flow,
+    write_json,
 )
 from flows.commands.distribution_tables import print_distribution
+from flows.commands.fanout import TaskRunnerOption, check_task_runner, compare_workers, print_comparison
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from tasks.config import SweepFlowConfig
 
@@ -78,6 +80,15 @@ def command(
     distribution_steps: Annotated[
         Optional[int], typer.Option(help="Decode steps of the sampler's view (1..64, default 3).")
     ] = None,
+    task_runner: TaskRunnerOption = None,
+    compare_workers_: Annotated[
+        Optional[str],
+        typer.Option(
+            "--compare-workers",
+            help="With --task-runner dask: run the sweep once per Dask LocalCluster size (e.g. "
+            "1,2) and print wall time and the points' figures side by side.",
+        ),
+    ] = None,
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
@@ -98,6 +109,7 @@ def command(
             "target": target,
             "distribution": distribution,
             "distribution_steps": distribution_steps,
+            "task_runner": task_runner,
         },
     )
     if distribution and cfg.sweep.target != "local":  # the view reads the local model's logits
@@ -109,9 +121,24 @@ def command(
         check_remote_endpoint(cfg, ENDPOINT_FLAGS)
     else:
         check_hf_model(cfg.sweep.local_model, "sweep.local_model")
-    if no_resume:
+    check_task_runner(cfg.sweep.task_runner)
+    counts = parse_list("--compare-workers", compare_workers_, int)
+    if counts and (not cfg.sweep.task_runner.startswith("dask") or any(n < 1 for n in counts)):
+        fail_input("--compare-workers: give worker counts >= 1 (e.g. 1,2) with --task-runner dask")
+    if no_resume or counts:  # a comparison measures every point on every cluster size
         cfg = apply_overrides(cfg, None, {"resume": False})
     from flows.sweep import sweep
+
+    if counts:
+        rows = compare_workers(
+            counts,
+            lambda runner: run_flow(
+                "sweep", sweep, apply_overrides(cfg, "sweep", {"task_runner": runner}), track=not no_track
+            )[1],
+        )
+        print_comparison(rows)
+        write_json(json_path, {"comparison": rows})
+        raise typer.Exit(1 if any(row["error"] for row in rows) else 0)
 
     viewed = cfg.sweep.target == "local" and cfg.sweep.distribution  # --json key only then
     _, result = run_flow(

@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from tasks import metrics
+from tasks.taskrunner import TASK_RUNNER_FIELD, TaskRunner
 
 #: The seed article's probes: 'smart' vs 'smarter' share no token, 'token' vs 'tokenization'
 #: splits into pieces, and Chinese costs more tokens per character than English.
@@ -109,6 +110,7 @@ class ProfileConfig(_Strict):
         "`infermeter profile` (--breakdown).",
     )
     breakdown_steps: int = Field(4, ge=1, description="Profiled decode steps of the breakdown.")
+    task_runner: TaskRunner = TASK_RUNNER_FIELD
 
     @field_validator("prompt_lengths", "batch_sizes")
     @classmethod
@@ -380,6 +382,7 @@ class SweepConfig(_Strict):
     distribution_steps: int = Field(
         3, ge=1, le=64, description="Decode steps of the sampler's view (greedy path; 1..64)."
     )
+    task_runner: TaskRunner = TASK_RUNNER_FIELD
 
     @field_validator("temperature", "top_p", "top_k")
     @classmethod

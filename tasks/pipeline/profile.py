@@ -12,6 +12,7 @@ from prefect import task
 from tasks import metrics
 from tasks.config import ProfileConfig
 from tasks.pipeline.common import STAGE, StageRun, _scalars
+from tasks.pipeline.fanout import DaskChoice, dask_runner, parse_task_runner, run_points_on_dask, worker_model
 from tasks.tracking import TrackingTarget, flatten_params
 
 if TYPE_CHECKING:  # torch and transformers load inside the task, not with this module
@@ -143,19 +144,23 @@ def profile_stage(
         if bar is not None:
             bar.start()
             bar.refresh()
+        dask = parse_task_runner(cfg.task_runner)
         try:
-            results = run_sweep(
-                cfg.model,
-                points,
-                repeats=cfg.repeats,
-                warmup=cfg.warmup,
-                device=device,
-                num_layers=cfg.num_layers,
-                on_point=on_point,
-                breakdown_steps=cfg.breakdown_steps if breakdown else 0,
-                trace_dir=str(traces) if breakdown else None,
-                breakdown_first=cfg.breakdown is None,
-            )
+            if dask is not None:  # one Prefect task per point on the Dask workers
+                results = _on_dask(dask, cfg, points, device, on_point, breakdown, traces)
+            else:
+                results = run_sweep(
+                    cfg.model,
+                    points,
+                    repeats=cfg.repeats,
+                    warmup=cfg.warmup,
+                    device=device,
+                    num_layers=cfg.num_layers,
+                    on_point=on_point,
+                    breakdown_steps=cfg.breakdown_steps if breakdown else 0,
+                    trace_dir=str(traces) if breakdown else None,
+                    breakdown_first=cfg.breakdown is None,
+                )
         finally:
             if bar is not None:
                 bar.stop()
@@ -179,3 +184,57 @@ def profile_stage(
         if breakdown:
             out["decode_verdict"] = decode_verdict(rows)
         return out
+
+
+@task(name="profile-point", **STAGE)
+def profile_point(cfg: ProfileConfig, point, device: str, breakdown_steps: int, trace_dir: str | None):
+    """One profile point where a Dask worker runs it: :func:`run_sweep` of that point on the
+    worker's cached model (loaded once per worker process and dtype); the stage logs it."""
+    from tasks.profile.runner import run_sweep
+
+    return run_sweep(
+        cfg.model,
+        [point],
+        repeats=cfg.repeats,
+        warmup=cfg.warmup,
+        device=device,
+        num_layers=cfg.num_layers,
+        breakdown_steps=breakdown_steps,
+        trace_dir=trace_dir,
+        load=worker_model,
+    )[0]
+
+
+def _on_dask(choice: DaskChoice, cfg: ProfileConfig, points, device, on_point, breakdown: bool, traces: Path):
+    """The points as Dask tasks (:mod:`tasks.pipeline.fanout`), ``on_point`` as each comes back
+    (finishing order); results in the order of ``points``. A point lost with its workers is
+    failed with the cause (no measurement; ``memory_estimate_bytes`` 0: not estimated here)."""
+    from tasks.models import resolve
+    from tasks.profile.result import ProfilePointResult
+
+    first_only = cfg.breakdown is None  # as run_sweep's breakdown_first: the first point only
+    steps = [
+        cfg.breakdown_steps if breakdown and (not first_only or i == 0) else 0 for i in range(len(points))
+    ]
+    params = [
+        {"cfg": cfg, "point": p, "device": str(device), "breakdown_steps": steps[i], "trace_dir": str(traces)}
+        for i, p in enumerate(points)
+    ]
+    results: dict[int, ProfilePointResult] = {}
+
+    def done(i: int, result: ProfilePointResult) -> None:
+        results[i] = result
+        on_point(len(results) - 1, len(points), result)
+
+    def lost(failure) -> None:
+        random = resolve(cfg.model).random_weights
+        done(
+            failure.index,
+            ProfilePointResult(
+                cfg.model, points[failure.index], str(device), random, failure.cause, 0, False
+            ),
+        )
+
+    with dask_runner(choice) as runner:
+        run_points_on_dask(runner, profile_point, params, done, lost)
+    return [results[i] for i in range(len(points))]

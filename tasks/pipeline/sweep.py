@@ -14,6 +14,13 @@ from tasks import tokenizers
 from tasks.config import SweepConfig
 from tasks.endpoint import Endpoint
 from tasks.pipeline.common import STAGE, StageRun
+from tasks.pipeline.fanout import (
+    PointFailure,
+    dask_runner,
+    parse_task_runner,
+    run_points_on_dask,
+    worker_model,
+)
 from tasks.report import distribution_plots
 from tasks.report import plots as plots_module
 from tasks.stream.load import connect
@@ -79,12 +86,24 @@ def sweep_stage(
             with lock:
                 finished[result.point] = (result, _log_point(run, result, keys[result.point], cfg))
 
-        if local:
+        dask = parse_task_runner(cfg.task_runner)
+        if local and (cfg.distribution or dask is None):
             from tasks.models import load_model
 
             model, hf_tokenizer = load_model(cfg.local_model)
             if cfg.distribution:  # the sampler's view (issue 12), before the samples
                 distribution = _sampler_view(run, cfg, points, model, hf_tokenizer, Path(workdir))
+        if dask is not None and todo:  # one Prefect task per point on the Dask workers
+            with dask_runner(dask) as runner:
+                params = [{"cfg": cfg, "point": p, "endpoint": endpoint, "key": keys[p]} for p in todo]
+                run_points_on_dask(
+                    runner,
+                    sweep_point,
+                    params,
+                    on_done=lambda i, result: keep(result),
+                    on_failed=lambda failure: keep(_lost_point(todo[failure.index], failure)),
+                )
+        elif local:
             for p in todo:
                 keep(
                     run_point_local(
@@ -97,7 +116,7 @@ def sweep_stage(
                     )
                 )
         elif todo:
-            asyncio.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys, keep))
+            asyncio.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys.__getitem__, keep))
         outcomes = collect_outcomes(
             points,
             keys,
@@ -146,6 +165,8 @@ def _log_point(run: StageRun, result: PointResult, key: str, cfg: SweepConfig) -
     tags = {"stage": "sweep_point", "point_key": key}
     if result.failed:
         tags["error_class"] = result.error_class
+    if result.error:  # a point lost with its Dask worker: the cause
+        tags["error"] = result.error[:500]
     if result.determinism_note:
         tags["determinism_note"] = result.determinism_note
     child = run.tracker.start_run(f"sweep {result.point.label()}", run.run_id, tags)
@@ -158,7 +179,29 @@ def _log_point(run: StageRun, result: PointResult, key: str, cfg: SweepConfig) -
     return child
 
 
-async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, keys, keep):
+@task(name="sweep-point", **STAGE)
+def sweep_point(cfg: SweepConfig, point: SweepPoint, endpoint: Endpoint | None, key: str) -> PointResult:
+    """One point of the sweep where a Dask worker runs it: the local model (loaded once per
+    worker process, :func:`tasks.pipeline.fanout.worker_model`) or the endpoint (its own client,
+    at most ``cfg.max_concurrency`` requests in flight within the point). The stage logs the
+    result; nothing here writes to MLflow."""
+    if cfg.target == "local":
+        model, hf_tokenizer = worker_model(cfg.local_model)
+        encode = tokenizers.load("model", cfg.local_model).encode
+        return run_point_local(
+            model, hf_tokenizer, point, prompt=cfg.prompt, samples=cfg.samples, encode=encode
+        )
+    encode = tokenizers.load("model", endpoint.tokenizer).encode
+    return asyncio.run(_sweep_points(cfg, endpoint, [point], encode, lambda p: key, None))[0]
+
+
+def _lost_point(point: SweepPoint, failure: PointFailure) -> PointResult:
+    """A point whose Dask task never came back (its workers died, or it raised): failed, with
+    the cause, no samples."""
+    return PointResult(point, error_class=failure.error_class, error=failure.cause)
+
+
+async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, key, keep):
     client = connect(Connection.of(endpoint), cfg.max_concurrency)
     try:
         return await run_points(
@@ -171,8 +214,8 @@ async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, ke
             count_tokens=lambda text: len(encode(text)),
             encode=encode,
             api_key_env=endpoint.api_key_env,
-            key=keys.__getitem__,
-            on_point=lambda result: asyncio.to_thread(keep, result),
+            key=key,
+            on_point=None if keep is None else lambda result: asyncio.to_thread(keep, result),
             warmup=cfg.warmup,
         )
     finally:

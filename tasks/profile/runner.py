@@ -255,6 +255,7 @@ def run_sweep(
     breakdown_steps: int = 0,
     trace_dir: str | None = None,
     breakdown_first: bool = False,
+    load: Callable[..., Any] = load_model,  # a per-process cache on a Dask worker (fanout.py)
 ) -> list[ProfilePointResult]:
     """Profile every point; returns one result per point, in the order of ``points``.
 
@@ -354,7 +355,7 @@ def run_sweep(
 
         if here:
             try:
-                model, tokenizer = load_model(spec, dtype, str(device), num_layers=num_layers)
+                model, tokenizer = load(spec, dtype, str(device), num_layers=num_layers)
                 _touch_weights(model, device)
             except Exception as exc:  # noqa: BLE001 - every in-process point of this dtype fails
                 for index, point in here:

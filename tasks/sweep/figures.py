@@ -51,6 +51,8 @@ class PointResult:
     error_class: str | None = None
     warmup: RequestRecord | None = None
     determinism_note: str | None = None
+    #: why a point that has no samples failed ("KilledWorker: ..."): its Dask task was lost
+    error: str | None = None
 
     @property
     def failed(self) -> bool:

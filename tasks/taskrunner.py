@@ -1,0 +1,105 @@
+"""What ``task_runner`` (``sweep.task_runner``, ``profile.task_runner``, ``--task-runner``) may
+say, read without Prefect or Dask (the config's field validates with it;
+tasks/pipeline/fanout.py runs it): ``threads`` (in this process), ``dask`` (a new LocalCluster,
+one worker per core), ``dask:N`` (N workers) or ``dask:ADDRESS`` (the scheduler at ADDRESS).
+"""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass
+from typing import Annotated, Any
+from urllib.parse import urlparse
+
+from pydantic import AfterValidator, Field
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "TASK_RUNNER_FIELD",
+    "DaskChoice",
+    "TaskRunner",
+    "check_task_runner",
+    "parse_task_runner",
+    "validate",
+]
+
+#: How long the reachability check waits for a TCP connection to a Dask scheduler, seconds.
+CONNECT_TIMEOUT_S = 3.0
+
+
+@dataclass(frozen=True)
+class DaskChoice:
+    """Where points run. ``address`` None: a LocalCluster of ``workers`` processes (None: one
+    per core); otherwise the scheduler at that address."""
+
+    address: str | None = None
+    workers: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"address": self.address, "workers": self.workers}
+
+
+def parse_task_runner(text: str | None) -> DaskChoice | None:
+    """``threads``/None -> None (in-process); ``dask`` / ``dask:N`` / ``dask:ADDRESS`` -> a
+    :class:`DaskChoice`.
+
+    Raises:
+        ValueError: anything else (the message says what is accepted)."""
+    if text is None or text == "threads":
+        return None
+    kind, sep, rest = text.partition(":")
+    if kind != "dask" or (sep and not rest):
+        raise ValueError(
+            f"{text!r} is not a task runner; give threads, dask, dask:N (a LocalCluster of N "
+            "workers) or dask:ADDRESS (e.g. dask:tcp://127.0.0.1:8786)"
+        )
+    if not rest:
+        return DaskChoice()
+    if rest.isdigit():
+        if int(rest) < 1:
+            raise ValueError(f"{text!r}: a LocalCluster needs at least 1 worker (dask:1)")
+        return DaskChoice(workers=int(rest))
+    return DaskChoice(address=rest if "://" in rest else f"tcp://{rest}")
+
+
+def check_task_runner(text: str | None) -> DaskChoice | None:
+    """:func:`parse_task_runner`, then for an address a TCP connection to its host and port
+    (``CONNECT_TIMEOUT_S``), so that a scheduler where nothing listens is named before any
+    measurement.
+
+    Raises:
+        ValueError: a bad spec, or nothing accepts connections at the address (one line)."""
+    choice = parse_task_runner(text)
+    if choice is None or choice.address is None:
+        return choice
+    parsed = urlparse(choice.address)
+    if parsed.scheme not in ("tcp", "tls") or not parsed.hostname or not parsed.port:
+        raise ValueError(f"{choice.address!r}: give a Dask scheduler as dask:tcp://HOST:PORT")
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
+            pass
+    except OSError as exc:
+        raise ValueError(
+            f"no Dask scheduler answers at {choice.address} ({exc.strerror or exc}); start one "
+            "(`dask scheduler`) or use --task-runner dask for a local cluster"
+        ) from None
+    return choice
+
+
+def validate(text: str) -> str:
+    """The config's validator: ``text`` unchanged when :func:`parse_task_runner` reads it.
+
+    Raises:
+        ValueError: it does not (pydantic reports it under the field's name)."""
+    parse_task_runner(text)
+    return text
+
+
+#: The config field (``sweep.task_runner``, ``profile.task_runner``): validated by :func:`validate`.
+TaskRunner = Annotated[str, AfterValidator(validate)]
+TASK_RUNNER_FIELD = Field(
+    "threads",
+    description="Where the points run: threads (this process), dask (a Dask LocalCluster, one "
+    "worker per core), dask:N (N workers) or dask:ADDRESS (a scheduler, e.g. "
+    "dask:tcp://10.0.0.5:8786), through prefect-dask.",
+)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import os
 import subprocess
 import sys
 import time
@@ -206,6 +207,14 @@ def test_https_reads_are_stamped_before_decryption(tmp_path, monkeypatch) -> Non
     assert all(r.connect_ms is not None and r.connect_ms < r.request_sent_ms for r in level.measured)
 
 
+def test_client_processes_by_default_one_per_128_streams() -> None:
+    from tasks.stream.multiproc import auto_processes
+
+    cores = len(os.sched_getaffinity(0))
+    assert [auto_processes(n) for n in (1, 64, 128)] == [1, 1, 1]
+    assert auto_processes(129) == min(2, cores) and auto_processes(1024) == min(8, cores)
+
+
 # Cases from public reports ------------------------------------------------------------------
 
 
@@ -294,6 +303,4 @@ def test_achieved_request_rate_through_the_cli(server, tmp_path) -> None:
 
 
 def _env() -> dict[str, str]:
-    import os
-
     return {k: v for k, v in os.environ.items() if k != "INFERMETER_WORK_DIR"}

@@ -241,11 +241,12 @@ class StreamConfig(_Strict):
         description="On the kernel clock, a level is client-bound when more than this fraction "
         "of its ITL gaps came coalesced (several chunks in one read).",
     )
-    client_processes: int = Field(
-        1,
+    client_processes: int | None = Field(
+        None,
         ge=1,
-        description="Client processes per level (at most its concurrency), for loads "
-        "one core cannot drive; records merged, clocks comparable.",
+        description="Client processes per level (at most its concurrency), for loads one core "
+        "cannot drive; records merged, clocks comparable. Empty = one per 128 concurrent "
+        "streams, at most one per CPU core.",
     )
     duration_s: float | None = Field(
         None,

@@ -25,7 +25,7 @@ from typing import Any
 from tasks import stats
 from tasks.stream import prometheus
 from tasks.stream.load import LevelResult
-from tasks.stream.multiproc import run_level_processes
+from tasks.stream.multiproc import auto_processes, run_level_processes
 from tasks.stream.quality import DRIFT_WARN_MS
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
@@ -86,7 +86,7 @@ def run_levels(
     *,
     count_tokens: Callable[[str], int] | None,
     goodput: Mapping[str, float] | None = None,
-    client_processes: int = 1,
+    client_processes: int | None = None,
     on_record: Callable[[RequestRecord], None] | None = None,
     on_level: Callable[[Level], None] | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
@@ -100,7 +100,8 @@ def run_levels(
         count_tokens: the output-token fallback when the server sends no usage.
         goodput: SLOs for the goodput figures (``tasks.stats.meets_slos``), e.g.
             ``{"ttft_ms": 500}``.
-        client_processes: client processes per level, capped at each level's concurrency.
+        client_processes: client processes per level, capped at each level's concurrency;
+            None: ``tasks.stream.multiproc.auto_processes`` (one per 128 streams).
         on_record: every finished record, as it finishes (the crash-safe journal).
         on_level: every finished level, before the next starts (child runs, plots).
         logger: where the warnings go (default ``infermeter.stream``).
@@ -134,7 +135,7 @@ def _run_one(
     settings: LevelSettings,
     count_tokens: Callable[[str], int] | None,
     goodput: Mapping[str, float] | None,
-    client_processes: int,
+    client_processes: int | None,
     on_record: Callable[[RequestRecord], None] | None,
     logger: logging.Logger | logging.LoggerAdapter,
 ) -> Level:
@@ -147,8 +148,9 @@ def _run_one(
     # always in client processes, one at the least: the measuring loop gets a process with
     # nothing else on its GIL (measured, README "Stream": in the flow's own process the
     # user-clock ITL error p99 at 64 streams was twice the bare client's)
+    asked = client_processes or auto_processes(settings.max_concurrency)
     result = run_level_processes(
-        max(1, min(client_processes, settings.max_concurrency)),
+        max(1, min(asked, settings.max_concurrency)),
         connection,
         settings,
         count_tokens=count_tokens,

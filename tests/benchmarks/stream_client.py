@@ -5,7 +5,9 @@ same machine) at 1, 16, 64 and 256 concurrent streams of 60 chunks 10 ms apart, 
 
 - ``cli``: the command a user runs, ``infermeter stream --base-url ... --no-track --json F``
   (Prefect flow, pre-flight, journal, client process: everything), read back from its JSON;
-- ``bare``: ``tasks.stream.load.run_level`` in this process (no flow, no journal).
+- ``bare``: ``tasks.stream.load.run_level`` in this process (no flow, no journal);
+- ``vllm``: vLLM's own benchmark client (``vllm bench serve``'s request function, in
+  ``.venv-vllm``: ``make vllm``), through tests/benchmarks/vllm_client.py.
 
 Per level and path it prints, for both clocks of the same run (``kernel``: each chunk's kernel
 receive stamp, ``tasks.stream.rxclock``; ``user``: when the event loop read it):
@@ -15,14 +17,15 @@ receive stamp, ``tasks.stream.rxclock``; ``user``: when the event loop read it):
 - TTFT error p50 / p99 (ms): measured first text-chunk arrival minus its true send time;
 - the fraction of text chunks coalesced (they came in one read with the one before);
 - client CPU per chunk in us (``bare``: this process's CPU time over the level; ``cli``: the
-  command's whole process tree, flow start-up included, so an upper bound);
+  level's own ``client_cpu_us_per_chunk``, its client processes over the measured part;
+  ``vllm``: its whole process, imports included);
 - the level's client-bound flag, and whether it agrees with the error (flagged exactly where
   the ITL error p99 on the level's own clock passes 1 ms).
 
 Targets (issue 11, 2-core machine, instrument on the same cores): through ``cli``, ITL error
 p99 <= 0.5 ms at 1 and 16 streams, <= 1 ms at 64, <= 5 ms at 256.
 
-    .venv/bin/python tests/benchmarks/stream_client.py [--paths cli,bare]
+    .venv/bin/python tests/benchmarks/stream_client.py [--paths cli,bare,vllm]
         [--streams 1,16,64,256] [--chunks 60] [--gap-ms 10] [--client-processes N]
         [--transport aiohttp|openai] [--loop asyncio|uvloop]
 
@@ -95,16 +98,55 @@ def _cli(server: gt.GroundTruthServer, args, streams: int) -> tuple[list[Request
             "--model", f"ticks:{args.chunks}:{args.gap_ms:g}", "--prompts", str(prompts),
             "--max-tokens", str(args.chunks), "--max-concurrency", str(streams),
             "--num-requests", str(streams), "--warmup", "1", "--no-track", "--json", str(out),
-            "--client-processes", str(min(args.client_processes, streams)),
         ]  # fmt: skip
-        cpu0 = _cpu_s(resource.RUSAGE_CHILDREN)
+        if args.client_processes:  # else the command's own choice (one per 128 streams)
+            command += ["--client-processes", str(min(args.client_processes, streams))]
         subprocess.run(
             command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}
         )
-        cpu_s = _cpu_s(resource.RUSAGE_CHILDREN) - cpu0
         level = json.loads(out.read_text(encoding="utf-8"))["levels"][0]
     records = [RequestRecord.from_json(r) for r in level["requests"] if not r["warmup"]]
+    # the level's own figure: its client processes' CPU over the measured part
+    chunks = sum(len(r.token_offsets_ms) for r in records)
+    cpu_s = (level["metrics"].get("client_cpu_us_per_chunk") or 0.0) * chunks / 1e6
     return records, level["metrics"], cpu_s
+
+
+def _vllm(server: gt.GroundTruthServer, args, streams: int) -> dict:
+    """vLLM's benchmark client (tests/benchmarks/vllm_client.py in .venv-vllm) on the same
+    instrument: its own TTFT / ITL against the true send stamps."""
+    python = ROOT / ".venv-vllm" / "bin" / "python"
+    command = [str(python), str(ROOT / "tests" / "benchmarks" / "vllm_client.py"), server.base_url,
+               f"ticks:{args.chunks}:{args.gap_ms:g}", str(streams), str(args.chunks)]  # fmt: skip
+    cpu0 = _cpu_s(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(command, check=True, capture_output=True, text=True)
+    cpu_s = _cpu_s(resource.RUSAGE_CHILDREN) - cpu0  # the whole process: imports included
+    outputs = json.loads(done.stdout.strip().splitlines()[-1])
+    stamps = server.stamps()
+    ttft, itl, lost, chunks = [], [], 0, 0
+    for prompt, out in outputs.items():
+        true = stamps[prompt]["text_sent_ns"]
+        # its arrivals: start + ttft, then each ITL gap. It counts the instrument's role-only
+        # first chunk (content "") as the first token, so its last len(true) arrivals are the
+        # text chunks' (its own TTFT figure is that role chunk's: not compared)
+        times = [out["start_time"] + out["ttft"]]
+        for gap in out["itl"]:
+            times.append(times[-1] + gap)
+        if not out["ok"] or len(times) < len(true):
+            lost += 1
+            continue
+        got = [t * 1e9 for t in times[-len(true) :]]
+        chunks += len(true)
+        ttft.append((got[0] - true[0]) / 1e6)
+        itl += [((got[i] - got[i - 1]) - (true[i] - true[i - 1])) / 1e6 for i in range(1, len(true))]
+    ttft.sort()
+    itl.sort()
+    return {
+        "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99), "itl_max": itl[-1] if itl else None,
+        "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99), "coalesced": None,
+        "chunks": chunks, "lost": lost, "path": "vllm", "streams": streams, "clock": "user",
+        "level_clock": "user", "cpu_us_per_chunk": cpu_s * 1e6 / chunks if chunks else None, "bound": None,
+    }  # fmt: skip
 
 
 def _errors(records: list[RequestRecord], stamps: dict, streams: int, clock: str) -> dict:
@@ -142,6 +184,8 @@ def _errors(records: list[RequestRecord], stamps: dict, streams: int, clock: str
 
 def measure(server: gt.GroundTruthServer, args, path: str, streams: int) -> list[dict]:
     server.reset()
+    if path == "vllm":
+        return [_vllm(server, args, streams)]
     records, metrics, cpu_s = (_cli if path == "cli" else _bare)(server, args, streams)
     stamps = server.stamps()
     level_clock = metrics.get("arrival_clock") or (records[0].arrival_clock if records else "user")
@@ -170,7 +214,7 @@ def main() -> None:
     parser.add_argument("--streams", default="1,16,64,256")
     parser.add_argument("--chunks", type=int, default=60)
     parser.add_argument("--gap-ms", type=float, default=10.0)
-    parser.add_argument("--client-processes", type=int, default=1)
+    parser.add_argument("--client-processes", type=int, default=None, help="cli path; default: its own")
     parser.add_argument("--transport", default="aiohttp")
     parser.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop"))
     args = parser.parse_args()
@@ -187,7 +231,7 @@ def main() -> None:
     )
     print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in rows:
-        own = r["clock"] == r["level_clock"]
+        own = r["clock"] == r["level_clock"] and r["path"] != "vllm"  # vLLM has no flag
         agrees = "yes" if bool(r["bound"]) == ((r["itl_p99"] or 0) > 1.0) else "NO"
         print(
             f"| {r['path']} | {r['streams']} | {r['clock']} | {_fmt(r['itl_p50'])} | {_fmt(r['itl_p99'])} | "

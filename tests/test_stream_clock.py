@@ -304,3 +304,25 @@ def test_achieved_request_rate_through_the_cli(server, tmp_path) -> None:
 
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "INFERMETER_WORK_DIR"}
+
+
+def test_clock_drift_and_coalescing_warnings_name_their_figures(caplog) -> None:
+    """A realtime step during a level cannot be staged here (it would move the machine's wall
+    clock), so the level's figures are given: the warnings name the drift and the coalesced share."""
+    from tasks.stream.levels import _warn_client
+
+    settings = LevelSettings(model="m", prompts=["p"], max_tokens=1, num_requests=1, level=3)
+    logger = logging.getLogger("test.clock.warn")
+    with caplog.at_level(logging.WARNING, logger="test.clock.warn"):
+        _warn_client(
+            {"arrival_clock": "kernel", "clock_offset_drift_ms": 2.5, "client_bound": 1,
+             "coalesced_event_fraction": 0.095},
+            settings,
+            logger,
+        )  # fmt: skip
+        _warn_client(
+            {"arrival_clock": "kernel", "clock_offset_drift_ms": 0.2, "client_bound": 0}, settings, logger
+        )
+    assert len(caplog.messages) == 2
+    assert "level 3: CLOCK_REALTIME moved 2.500 ms" in caplog.messages[0]
+    assert "9.50 % of its ITL gaps came coalesced" in caplog.messages[1] and "> 1.00 %" in caplog.messages[1]

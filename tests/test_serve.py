@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,9 @@ def served(prefect_api, mlflow_server, tmp_path_factory):
         "INFERMETER_WORK_DIR": str(logs / "work"),
     }
     log = open(logs / "serve.log", "wb")
+    # the session's Prefect server may hold deployments of these names from another test (a work
+    # pool's): wait for this process's own, registered from now on
+    started = datetime.now(UTC)
     proc = subprocess.Popen(
         [str(BIN), "serve", "--config", "configs/smoke.yaml", "--cron", "0 3 * * *"],
         env=env,
@@ -59,7 +63,11 @@ def served(prefect_api, mlflow_server, tmp_path_factory):
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline:
             assert proc.poll() is None, (logs / "serve.log").read_text()[-3000:]
-            names = {d["name"] for d in _api(prefect_api, "/deployments/filter", {})}
+            names = {
+                d["name"]
+                for d in _api(prefect_api, "/deployments/filter", {})
+                if datetime.fromisoformat(d["updated"]) >= started
+            }
             if names >= {"audit", "stream", "profile", "sweep", "tokenize"}:
                 break
             time.sleep(1)

@@ -152,9 +152,11 @@ def _vllm(server: gt.GroundTruthServer, args, streams: int) -> dict:
 def _errors(records: list[RequestRecord], stamps: dict, streams: int, clock: str) -> dict:
     """ITL and TTFT errors on one clock against the instrument's send stamps."""
     ttft, itl, lost, chunks, coalesced = [], [], 0, 0, 0
+    over_server, sent, connect = [], [], []  # where TTFT's milliseconds go before the server
     for r in records:
         # measured request i used prompt (warm-up + i) % streams; stamps are keyed by prompt
-        true = stamps[f"p{(1 + int(r.request_id.split('-r')[1])) % streams}"]["text_sent_ns"]
+        stamp = stamps[f"p{(1 + int(r.request_id.split('-r')[1])) % streams}"]
+        true = stamp["text_sent_ns"]
         offsets = (
             r.user_token_offsets_ms if clock == "user" and r.user_token_offsets_ms else r.token_offsets_ms
         )
@@ -165,6 +167,12 @@ def _errors(records: list[RequestRecord], stamps: dict, streams: int, clock: str
         chunks += len(measured)
         coalesced += r.coalesced_events
         ttft.append((measured[0] - true[0]) / 1e6)
+        # the client's TTFT minus the server's own (request read -> first text written)
+        over_server.append(r.ttft_ms - (true[0] - stamp["recv_ns"]) / 1e6)
+        if r.request_sent_ms is not None:
+            sent.append(r.request_sent_ms)
+        if r.connect_ms is not None:
+            connect.append(r.connect_ms)
         itl += [
             ((measured[i] - measured[i - 1]) - (true[i] - true[i - 1])) / 1e6 for i in range(1, len(true))
         ]
@@ -179,6 +187,11 @@ def _errors(records: list[RequestRecord], stamps: dict, streams: int, clock: str
         "coalesced": coalesced / chunks if chunks else None,
         "chunks": chunks,
         "lost": lost,
+        "over_server_p50": percentile(sorted(over_server), 50),
+        "over_server_p99": percentile(sorted(over_server), 99),
+        "sent_p50": percentile(sorted(sent), 50),
+        "connect_p50": percentile(sorted(connect), 50),
+        "new_connections": len(connect),
     }
 
 
@@ -239,6 +252,21 @@ def main() -> None:
             f"{_fmt(r['coalesced'], 3)} | {_fmt(r['cpu_us_per_chunk'], 1)} | "
             f"{'yes' if r['bound'] else 'no' if own else ''} | {agrees if own else ''} | {r['lost']} |"
         )
+
+    print()
+    print("Where TTFT goes before the server (ms; kernel-clock rows): the client's TTFT minus the")
+    print("instrument's own (request read -> first text written), the request written, a new connection.")
+    print()
+    print(
+        "| path | streams | TTFT - server's p50 | p99 | request_sent_ms p50 | connect_ms p50 (new connections) |"
+    )
+    print("| --- | ---: | ---: | ---: | ---: | ---: |")
+    for r in rows:
+        if r["clock"] == "kernel":
+            print(
+                f"| {r['path']} | {r['streams']} | {_fmt(r['over_server_p50'])} | {_fmt(r['over_server_p99'])} | "
+                f"{_fmt(r['sent_p50'])} | {_fmt(r['connect_p50'])} ({r['new_connections']}) |"
+            )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """One load level spread over N client processes, for loads one core cannot drive.
 
-The parent sends the level's warm-up requests itself, then starts N processes (``spawn``). Each
+The parent starts N processes (``spawn``). Process 0 first sends the level's warm-up requests
+(so the first measured request reuses the connection they opened, as in one process). Each
 runs :func:`tasks.stream.load.run_level` on its share of the measured requests (request ``i``
 goes to process ``i % N``; the concurrency is split as evenly as it goes, so N is at most the
 concurrency) at their places in the one arrival schedule, which starts at a
@@ -63,27 +64,41 @@ def _share_of(concurrency: int, processes: int, k: int) -> int:
 
 
 def _child(
-    k: int, processes: int, connection: Connection, settings: LevelSettings, out: Any, go: Any, start_at: Any
+    k: int,
+    processes: int,
+    connection: Connection,
+    settings: LevelSettings,
+    warmup: LevelSettings | None,
+    out: Any,
+    go: Any,
+    start_at: Any,
 ) -> None:
-    """A client process: report ready, wait for the start instant, run its share."""
+    """A client process: run the warm-up when given one (on the connection the level then
+    reuses), report ready, wait for the start instant, run its share."""
+
+    def send(record: RequestRecord) -> None:
+        out.put(("record", record.to_json()))
 
     async def main() -> LevelResult:
         client = connect(connection, settings.max_concurrency)
         try:
+            if warmup is not None:
+                await run_level(client, warmup, count_tokens=None, on_record=send)
+            out.put(("ready", k))
+            go.wait()  # nothing is in flight: blocking this loop costs no measurement
             return await run_level(
                 client,
                 settings,
                 count_tokens=None,
                 share=(k, processes),
                 start_at=start_at.value,
-                on_record=lambda r: out.put(("record", r.to_json())),
+                on_record=send,
             )
         finally:
             await client.close()
 
     try:
-        out.put(("ready", k))
-        go.wait()
+        out.put(("started", k))
         result = asyncio.run(main())
         done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
         out.put(("done", {**done, "last_done_ns": result.last_done_ns}))
@@ -126,25 +141,12 @@ def run_level_processes(
         if on_record is not None:
             on_record(record)
 
-    async def warm() -> LevelResult:
-        client = connect(connection, 1)
-        try:
-            return await run_level(
-                client,
-                replace(settings, num_requests=0),  # the warm-up is sequential whatever the concurrency
-                count_tokens=count_tokens,
-                on_record=on_record,
-            )
-        finally:
-            await client.close()
-
-    result = (
-        asyncio.run(warm())
-        if settings.warmup
-        else LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
-    )
-    result.max_concurrency = settings.max_concurrency
-    # Each process: its share of the concurrency, no warm-up (done above), the prompts (and
+    result = LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
+    # The warm-up runs in process 0, before its share, so the level's first measured request
+    # reuses the connection it opened (as in one process); it is sequential whatever the
+    # concurrency.
+    warmup = replace(settings, num_requests=0) if settings.warmup else None
+    # Each process: its share of the concurrency, no warm-up of its own, the prompts (and
     # their counts) continuing after the warm-up's.
     counts = settings.prompt_tokens
     share = replace(
@@ -162,7 +164,7 @@ def run_level_processes(
         mine = replace(share, max_concurrency=_share_of(settings.max_concurrency, processes, k))
         child = ctx.Process(
             target=_child,
-            args=(k, processes, connection, mine, out, go, start_at),
+            args=(k, processes, connection, mine, warmup if k == 0 else None, out, go, start_at),
             name=f"infermeter-client-{k}",
             daemon=True,
         )
@@ -171,7 +173,7 @@ def run_level_processes(
 
     measured: list[RequestRecord] = []
     try:
-        ready = done = 0
+        started = ready = done = 0
         deadline = time.monotonic() + START_TIMEOUT_S
         lags, cpu_s, drifts, last_done_ns = [], 0.0, [], 0
         while done < processes:
@@ -179,10 +181,12 @@ def run_level_processes(
                 kind, payload = out.get(timeout=1.0)
             except queue.Empty:
                 dead = [c for c in children if c.exitcode not in (None, 0)]
-                if dead or (ready < processes and time.monotonic() > deadline):
+                if dead or (started < processes and time.monotonic() > deadline):
                     raise RuntimeError("a client process died or did not start in time") from None
                 continue
-            if kind == "ready":
+            if kind == "started":
+                started += 1
+            elif kind == "ready":
                 ready += 1
                 if ready == processes:
                     if on_measure_start is not None:
@@ -192,7 +196,7 @@ def run_level_processes(
             elif kind == "record":
                 record = RequestRecord.from_json(payload)
                 keep(record)
-                measured.append(record)
+                (result.records if record.warmup else measured).append(record)
             elif kind == "done":
                 done += 1
                 lags.append(payload["lag"])

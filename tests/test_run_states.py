@@ -64,8 +64,8 @@ def _journal_lines(tmp_path: Path) -> int:
 
 
 def _servers(proc: subprocess.Popen) -> list[psutil.Process]:
-    """Every descendant of the command that is a server or its watcher."""
-    names = ("prefect.server.api.server", "llama_cpp.server", "tasks.lifeline")
+    """Every descendant of the command that is a server, its watcher, or a client process."""
+    names = ("prefect.server.api.server", "llama_cpp.server", "tasks.lifeline", "multiprocessing.spawn")
     out = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
@@ -141,7 +141,8 @@ def test_sigterm_mid_stream_marks_the_runs_killed(server, tmp_path) -> None:
 def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     """SIGKILL (a test runner's kill, the OOM killer) of a stream against the embedded server:
     its watchers stop the llama.cpp server and the temporary Prefect API server (before: both
-    stayed up for good, about 200 MB and 280 MB)."""
+    stayed up for good, about 200 MB and 280 MB), and the level's client process follows its
+    parent (before: it blocked for ever at exit, flushing records into a queue nobody read)."""
     proc, log = _start(
         ["stream", "--num-requests", "200", "--max-tokens", "16", "--warmup", "0", "--no-track"], tmp_path
     )
@@ -149,6 +150,7 @@ def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     family = _servers(proc)
     cmdlines = " ".join(" ".join(p.cmdline()) for p in family)
     assert "llama_cpp.server" in cmdlines and "prefect.server.api.server" in cmdlines
+    assert "multiprocessing.spawn" in cmdlines  # the level's client process
     os.kill(proc.pid, signal.SIGKILL)
     _assert_all_gone(family, proc)
 

@@ -28,8 +28,10 @@ from __future__ import annotations
 import asyncio
 import math
 import multiprocessing as mp
+import multiprocessing.connection
 import os
 import queue
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -61,6 +63,16 @@ def auto_processes(concurrency: int) -> int:
 
 def _share_of(concurrency: int, processes: int, k: int) -> int:
     return concurrency // processes + (1 if k < concurrency % processes else 0)
+
+
+def _exit_with_parent() -> None:
+    """A client process ends when its parent does, however the parent ends (SIGKILL too):
+    the spawn machinery's sentinel on the parent reads EOF then. Without this, a child whose
+    parent was killed blocks for ever at exit, flushing records into a queue nobody reads."""
+    parent = mp.parent_process()
+    if parent is not None:
+        mp.connection.wait([parent.sentinel])
+        os._exit(1)
 
 
 def _child(
@@ -97,6 +109,7 @@ def _child(
         finally:
             await client.close()
 
+    threading.Thread(target=_exit_with_parent, daemon=True, name="parent-watch").start()
     try:
         out.put(("started", k))
         result = asyncio.run(main())

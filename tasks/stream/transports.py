@@ -45,8 +45,8 @@ def new_state() -> dict[str, Any]:
     openai client's usage object, or None), ``chunks`` (int, every parsed chunk),
     ``finish_reason`` (str or None), ``in_stream`` (bool, True once a 200 response began),
     ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
-    pooled one was reused), ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
-    handed to the kernel; 0 unknown) and ``rx_clock`` (True when the socket stamps receives).
+    pooled one was reused) and ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
+    handed to the kernel; 0 unknown).
     """
     return {
         "arrivals_ns": [],
@@ -58,7 +58,6 @@ def new_state() -> dict[str, Any]:
         "in_stream": False,
         "connect_ns": None,
         "sent_ns": 0,
-        "rx_clock": False,
     }
 
 
@@ -134,7 +133,6 @@ async def receive_sse(
             state["in_stream"] = True
             sock = socket_of(response.connection.transport if response.connection else None)
             if sock is not None:
-                state["rx_clock"] = True
                 state["sent_ns"] = sock.sent_ns
                 sock.attach(response.content)
             pending = b""

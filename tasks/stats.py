@@ -8,7 +8,10 @@ Pure standard library. Definitions (DESIGN.md, "Metric definitions"):
 - A distribution ``name`` is reported as ``name_mean``, ``name_p50``, ``name_p90``,
   ``name_p95``, ``name_p99``, ``name_max``.
 - ``itl_ms``: every gap between successive text-carrying chunks of a request, pooled over the
-  successful requests of a level (vLLM / SGLang ``benchmark_serving``: ``itls += output.itl``).
+  successful requests of a level (vLLM / SGLang ``benchmark_serving``: ``itls += output.itl``),
+  leaving out requests whose decode the client could not see (every chunk in one read: their
+  gaps of 0 are the buffering's, not the decode's); the level counts those requests
+  (``num_decode_unobserved``).
 - ``tpot_ms``: per request ``(e2e_ms - ttft_ms) / (output_tokens - 1)`` (vLLM's TPOT; GenAI-Perf
   calls this per-request figure "inter token latency").
 - ``output_tokens_per_s``: output tokens of the successful requests / wall time of the whole
@@ -120,34 +123,34 @@ def _check_slos(slos: Mapping[str, float]) -> None:
 def meets_slos(record: Any, slos: Mapping[str, float]) -> bool:
     """Whether one request met every SLO (``metric <= limit``; all limits in milliseconds).
 
-    A failed request meets none. A metric the request lacks fails its SLO: a request with
-    ``tpot_ms`` None because it has fewer than 2 output tokens fails a ``tpot_ms`` SLO. A request
-    whose 2 or more tokens all came in one text chunk has ``tpot_ms`` None too, but there the
-    client cannot see the decode (DESIGN.md): it neither passes nor fails a ``tpot_ms`` SLO and
-    is judged on the others. An ``itl_ms`` SLO asks that every inter-chunk gap of the request be
-    ``<= limit``; a request with no gap (a single text chunk) fails it.
+    A failed request meets none. A request whose decode the client could not see
+    (``decode_unobserved`` set: one output token, all the text in one chunk, or every chunk
+    arriving at one instant; ``tasks.stream.timing.decode_unobserved``) has ``tpot_ms`` None and
+    neither passes nor fails a ``tpot_ms`` or ``itl_ms`` SLO: it is judged on the others (DESIGN.md;
+    vLLM's ``benchmark_serving`` counts such requests as meeting a TPOT SLO). Any other metric a
+    request lacks fails its SLO. An ``itl_ms`` SLO asks that every inter-chunk gap of the request
+    be ``<= limit``.
     """
     _check_slos(slos)
     if not _succeeded(record):
         return False
+    unobserved = _field(record, "decode_unobserved") is not None
     for metric, limit in slos.items():
+        if unobserved and metric in _DECODE_SLOS:
+            continue
         if metric == "itl_ms":
             gaps = _field(record, "itl_ms") or []
             if not gaps or max(gaps) > limit:
                 return False
             continue
         value = _field(record, metric)
-        if value is None and metric == "tpot_ms" and _decode_unseen(record):
-            continue
         if value is None or value > limit:
             return False
     return True
 
 
-def _decode_unseen(record: Any) -> bool:
-    """Whether the request's 2 or more output tokens all came in one text chunk."""
-    tokens = _field(record, "output_tokens")
-    return tokens is not None and tokens >= 2 and len(_field(record, "token_offsets_ms") or ()) == 1
+#: The SLOs that judge the decode: not applied where the client could not see it.
+_DECODE_SLOS = frozenset({"tpot_ms", "itl_ms"})
 
 
 def _per_second(count: float | None, wall_s: float | None) -> float | None:
@@ -178,7 +181,9 @@ def aggregate_level(
     ``output_tokens_total`` (successful requests; None when a successful request has no
     count), ``output_tokens_per_s``, ``input_tokens_total`` (prompt tokens of the successful
     requests; None when one has no count), ``total_tokens_per_s`` ((input + output tokens) /
-    wall_s), ``requests_per_s`` (successful / wall_s); with SLOs,
+    wall_s), ``requests_per_s`` (successful / wall_s), ``num_decode_unobserved`` (successful
+    requests whose decode the client could not see: no TPOT, not judged on TPOT / ITL SLOs),
+    ``num_usage_untrusted`` (requests whose server usage count was not used); with SLOs,
     ``goodput_requests_per_s`` (good / wall_s) and ``goodput_fraction`` (good / requests).
     """
     if goodput_slos:
@@ -189,7 +194,8 @@ def aggregate_level(
 
     out: dict[str, float | int | None] = {}
     out.update(flatten_stats("ttft_ms", (_field(r, "ttft_ms") for r in ok)))
-    out.update(flatten_stats("itl_ms", (gap for r in ok for gap in (_field(r, "itl_ms") or []))))
+    seen = [r for r in ok if _field(r, "decode_unobserved") is None]  # gaps of a decode seen
+    out.update(flatten_stats("itl_ms", (gap for r in seen for gap in (_field(r, "itl_ms") or []))))
     out.update(flatten_stats("tpot_ms", (_field(r, "tpot_ms") for r in ok)))
     out.update(flatten_stats("e2e_ms", (_field(r, "e2e_ms") for r in ok)))
 
@@ -211,6 +217,8 @@ def aggregate_level(
     both = None if input_total is None or total is None else input_total + total
     out["total_tokens_per_s"] = _per_second(both, wall_s)
     out["requests_per_s"] = _per_second(len(ok), wall_s)
+    out["num_decode_unobserved"] = len(ok) - len(seen)
+    out["num_usage_untrusted"] = sum(1 for r in measured if _field(r, "usage_problem") is not None)
 
     if goodput_slos:
         good = sum(1 for r in ok if meets_slos(r, goodput_slos))

@@ -328,6 +328,114 @@ SCENARIOS: dict[str, list[tuple]] = {
         ("data", _usage(3)),
         ("data", "[DONE]"),
     ],
+    # Cases of issue 23 (stream shapes that public clients read wrong) ------------------------
+    # a buffering proxy: the whole answer (4 text chunks, finish, usage, [DONE]) in one write, so
+    # every chunk arrives at one instant: no decode to see (TPOT null, not 0)
+    "buffered": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 40),
+        (
+            "raw",
+            "".join(f"data: {json.dumps(_chunk(t))}\n\n" for t in ("All", " at", " once", " here"))
+            + f"data: {json.dumps(_chunk(finish='stop'))}\n\n"
+            + f"data: {json.dumps(_usage(4))}\n\ndata: [DONE]\n\n",
+        ),
+    ],
+    # usage counts that must not be trusted: 0 for a stream with text, NaN (a JSON literal
+    # Python's parser takes), a string, a negative number; the tokenizer counts instead
+    **{
+        f"usage_{name}": [
+            ("data", _chunk(role="assistant")),
+            ("sleep", 20),
+            ("data", _chunk("one two")),
+            ("sleep", 20),
+            ("data", _chunk(" three")),
+            ("data", _chunk(finish="stop")),
+            (
+                "raw",
+                'data: {"choices": [], "usage": {"prompt_tokens": 11, "completion_tokens": ' + raw + "}}\n\n",
+            ),
+            ("data", "[DONE]"),
+        ]
+        for name, raw in (("zero", "0"), ("nan", "NaN"), ("string", '"three"'), ("negative", "-3"))
+    },
+    # reasoning tokens in usage, both conventions and one that fits neither: 2 reasoning chunks
+    # ("Let me think" = 3 words), 1 content chunk ("Yes"); reasoning_tokens 3, prompt 11
+    **{
+        f"reasoning_usage_{name}": [
+            ("data", _chunk(role="assistant")),
+            ("sleep", 30),
+            ("data", _chunk(reasoning_content="Let me")),
+            ("sleep", 20),
+            ("data", _chunk(reasoning_content=" think")),
+            ("sleep", 20),
+            ("data", _chunk("Yes")),
+            ("data", _chunk(finish="stop")),
+            (
+                "data",
+                {
+                    "choices": [],
+                    "usage": {
+                        "prompt_tokens": 11,
+                        "completion_tokens": completion,
+                        "total_tokens": total,
+                        "completion_tokens_details": {"reasoning_tokens": 3},
+                    },
+                },
+            ),
+            ("data", "[DONE]"),
+        ]
+        for name, completion, total in (("included", 4, 15), ("separate", 1, 15), ("neither", 4, 40))
+    },
+    # a reply that is only a tool call: the name first, then argument fragments 20 ms apart,
+    # interleaved with a second call (index 1) in the last chunks
+    "tool_call": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 50),
+        (
+            "data",
+            _chunk(
+                tool_calls=[
+                    {
+                        "index": 0,
+                        "id": "call_0",
+                        "type": "function",
+                        "function": {"name": "get_weather", "arguments": ""},
+                    }
+                ]
+            ),
+        ),
+        ("sleep", 20),
+        ("data", _chunk(tool_calls=[{"index": 0, "function": {"arguments": '{"city": '}}])),
+        ("sleep", 20),
+        (
+            "data",
+            _chunk(
+                tool_calls=[
+                    {
+                        "index": 1,
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "get_time", "arguments": "{}"},
+                    }
+                ]
+            ),
+        ),
+        ("sleep", 20),
+        ("data", _chunk(tool_calls=[{"index": 0, "function": {"arguments": '"Paris"}'}}])),
+        ("data", _chunk(finish="tool_calls")),
+        ("data", _usage(12)),
+        ("data", "[DONE]"),
+    ],
+    # text, then a clean end of the body with no finish_reason, no usage and no [DONE]: the
+    # answer may have been cut anywhere (inference-perf #655)
+    "no_end": [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("data", _chunk("The answer is")),
+        ("sleep", 20),
+        ("data", _chunk(" forty")),
+    ],
     # answers at once: for the achieved request rate
     "instant": [
         ("data", _chunk("ok")),
@@ -348,10 +456,12 @@ SCENARIOS: dict[str, list[tuple]] = {
     ],
 }
 
-#: The same scenarios on ``/v1/completions`` (``choices[].text``); the reasoning ones have no
-#: completions counterpart (that endpoint has no reasoning field).
+#: The same scenarios on ``/v1/completions`` (``choices[].text``); the reasoning and tool-call
+#: ones have no completions counterpart (that endpoint has neither).
 COMPLETIONS_SCENARIOS: dict[str, list[tuple]] = {
-    name: _as_completions(steps) for name, steps in SCENARIOS.items() if not name.startswith("reasoning")
+    name: _as_completions(steps)
+    for name, steps in SCENARIOS.items()
+    if not name.startswith(("reasoning", "tool_call"))
 }
 COMPLETIONS_SCENARIOS["split"] = _split_steps(_completion)
 

@@ -142,8 +142,10 @@ def test_chunk_timing_real_values() -> None:
     assert chunk_timing(send, []) == ChunkTiming(
         token_offsets_ms=(), ttft_ms=None, itl_ms=(), e2e_ms=None, tpot_ms=None
     )
-    assert tpot_ms(10.0, 70.0, 4, 2) == 20.0 and tpot_ms(10.0, 70.0, 4, 1) is None
-    assert tpot_ms(None, 70.0, 4, 2) is None and tpot_ms(10.0, 70.0, None, 3) is None
+    assert tpot_ms(10.0, 70.0, 4, [10.0, 70.0]) == 20.0 and tpot_ms(10.0, 70.0, 4, [10.0]) is None
+    assert (
+        tpot_ms(None, 70.0, 4, [10.0, 70.0]) is None and tpot_ms(10.0, 70.0, None, [10.0, 40.0, 70.0]) is None
+    )
 
 
 def test_no_usage_falls_back_to_tokenizer(server: gt.GroundTruthServer) -> None:

@@ -216,6 +216,19 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("goodput_fraction", "fraction", "stream", "Requests within every SLO / requests.", _TPUT),
     Metric("num_short_outputs", "count", "stream", "Successes with fewer tokens than asked.", "higher"),
     Metric(
+        "num_decode_unobserved",
+        "count",
+        "stream",
+        "Successes with no visible decode (one token, one chunk or one read): no TPOT, not judged on TPOT/ITL SLOs.",
+    ),
+    Metric(
+        "num_usage_untrusted",
+        "count",
+        "stream",
+        "Requests whose server usage count was not used (the tokenizer counted).",
+        "higher",
+    ),
+    Metric(
         "client_loop_lag_ms",
         "ms",
         "stream",
@@ -224,6 +237,13 @@ REGISTRY: tuple[Metric, ...] = (
         ("p50", "p99", "max"),
     ),
     Metric("client_loop_lag_samples", "count", "stream", "Loop-lag samples kept."),
+    Metric(
+        "num_clock_fallbacks",
+        "count",
+        "stream",
+        "Requests on the user clock although the kernel's was asked for (the warning names them and why).",
+        "higher",
+    ),
     Metric(
         "client_bound",
         "0/1",

@@ -11,10 +11,17 @@ text-carrying chunks this module collects:
   is not a token.
 - ``stream_close_ms``: to the end of the stream (a late usage-only chunk and ``[DONE]``
   stretch only this one, never ``e2e_ms``).
-- ``output_tokens``: the final ``usage.completion_tokens`` when the server sends it (asked for
-  with ``stream_options={"include_usage": True}``), else ``count_tokens(output_text)`` (the
-  caller's tokenizer, without special tokens; GenAI-Perf counts the same way). Never the chunk
-  count, never ``max_tokens``.
+- A text-carrying chunk is also one whose delta carries ``tool_calls`` fragments (a function
+  name or arguments): generated tokens like content (AIPerf PR #804); the fragments are joined
+  per ``tool_calls[].index`` into the record's ``tool_calls``.
+- ``output_tokens``: the final usage's generated tokens when the server sends a count that can
+  be trusted (asked for with ``stream_options={"include_usage": True}``; checked and read by
+  :func:`tasks.stream.usage.read_usage`: reasoning conventions, 0 for a stream with text, values
+  that are not counts), else ``count_tokens(generated text)`` (the caller's tokenizer, without
+  special tokens; GenAI-Perf counts the same way) with ``usage_problem`` saying why. Never the
+  chunk count, never ``max_tokens``.
+- A stream that ends cleanly with text but without a ``finish_reason``, a usage or ``[DONE]``
+  may have been cut anywhere (inference-perf #655): ``stream_broken``, not a success.
 
 Two transports give the same record: :class:`SSEClient` (aiohttp with our own SSE parser; the
 default of ``tasks.stream.load.make_client``) and the openai client's ``AsyncOpenAI``. Their
@@ -33,10 +40,11 @@ import aiohttp
 import openai
 
 from tasks.stream import rxclock
-from tasks.stream.errors import EMPTY_RESPONSE, classify
+from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
 from tasks.stream.records import RequestRecord
 from tasks.stream.timing import chunk_timing, tpot_ms
 from tasks.stream.transports import connection_trace, new_state, receive_openai, receive_sse
+from tasks.stream.usage import read_usage
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
@@ -210,50 +218,55 @@ async def stream_chat(
     end_ns = perf()
     # after the stream, never inside it: CLOCK_REALTIME - CLOCK_MONOTONIC for the kernel stamps
     offset_ns = rxclock.realtime_offset_ns() if state["rx_ns"] else 0
-    usage = state["usage"]
-    if usage is not None and not isinstance(usage, dict):
-        usage = {
-            "prompt_tokens": getattr(usage, "prompt_tokens", None),
-            "completion_tokens": getattr(usage, "completion_tokens", None),
-        }
-    return _record(
-        state,
-        usage,
-        send_ns,
-        end_ns,
-        failure,
-        offset_ns=offset_ns,
-        request_id=request_id,
-        level=level,
-        max_concurrency=max_concurrency,
-        warmup=warmup,
-        input_tokens=input_tokens,
-        count_tokens=count_tokens,
-        api_key_env=api_key_env,
-        model=model,
-        secret=getattr(client, "api_key", None),
-    )
+    try:
+        return _build_record(
+            state,
+            send_ns,
+            end_ns,
+            failure,
+            offset_ns=offset_ns,
+            request_id=request_id,
+            level=level,
+            max_concurrency=max_concurrency,
+            warmup=warmup,
+            input_tokens=input_tokens,
+            count_tokens=count_tokens,
+            api_key_env=api_key_env,
+            model=model,
+            secret=getattr(client, "api_key", None),
+            kernel_clock=isinstance(client, SSEClient) and client.kernel_clock,
+        )
+    except Exception as exc:  # noqa: BLE001 - whatever a server sent, the level keeps a record
+        return RequestRecord(
+            request_id=request_id,
+            level=level,
+            max_concurrency=max_concurrency,
+            warmup=warmup,
+            send_ns=send_ns,
+            input_tokens=input_tokens,
+            error_class=BAD_PAYLOAD,
+            error_message=f"the stream could not be read into a record: {type(exc).__name__}: {exc}",
+        )
 
 
 def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int] | None) -> None:
-    """Count the output by the tokenizer when the server sent no usage, then set TPOT.
+    """Count the output by the tokenizer when the server's usage gave no trusted count, then
+    set TPOT.
 
-    ``output_tokens`` already set (from usage) is kept; otherwise, with text and a tokenizer,
-    ``count_tokens(output_text)`` with source ``tokenizer``. ``tpot_ms`` by
-    :func:`tasks.stream.timing.tpot_ms` (at least 2 tokens and 2 text chunks). Used after the
+    ``output_tokens`` already set (from usage) is kept; otherwise, with generated text
+    (``RequestRecord.generated_text``: tool calls included) and a tokenizer, its count with
+    source ``tokenizer``. ``tpot_ms`` by :func:`tasks.stream.timing.tpot_ms`. Used after the
     stream (never inside the receive loop) and by the parent of client processes.
     """
-    if record.output_tokens is None and record.output_text and count_tokens is not None:
-        record.output_tokens = int(count_tokens(record.output_text))
+    text = record.generated_text
+    if record.output_tokens is None and text and count_tokens is not None:
+        record.output_tokens = int(count_tokens(text))
         record.output_tokens_source = "tokenizer"
-    record.tpot_ms = tpot_ms(
-        record.ttft_ms, record.e2e_ms, record.output_tokens, len(record.token_offsets_ms)
-    )
+    record.tpot_ms = tpot_ms(record.ttft_ms, record.e2e_ms, record.output_tokens, record.token_offsets_ms)
 
 
-def _record(
+def _build_record(
     state: dict[str, Any],
-    usage: dict[str, Any] | None,
     send_ns: int,
     end_ns: int,
     failure: BaseException | None,
@@ -268,14 +281,16 @@ def _record(
     api_key_env: str | None,
     model: str,
     secret: str | None,
+    kernel_clock: bool,
 ) -> RequestRecord:
     """The record of one request from what its stream gave (DESIGN.md's definitions).
 
     The text chunks' times are their kernel receive stamps when every one has a usable stamp
     (``tasks.stream.rxclock.kernel_arrivals``; the user-space ones are kept beside them), else
-    the user-space ones (``arrival_clock``)."""
+    the user-space ones (``arrival_clock``), and where the kernel's were asked for
+    (``kernel_clock``) ``clock_fallback`` says why they could not be used."""
     user_ns, parts = state["arrivals_ns"], state["parts"]
-    kernel_ns = rxclock.kernel_arrivals(send_ns, user_ns, state["rx_ns"], offset_ns)
+    kernel_ns, fallback = rxclock.kernel_arrivals(send_ns, user_ns, state["rx_ns"], offset_ns)
     arrivals_ns = kernel_ns if kernel_ns is not None else user_ns
     record = RequestRecord(
         request_id=request_id,
@@ -284,10 +299,16 @@ def _record(
         warmup=warmup,
         send_ns=send_ns,
         input_tokens=input_tokens,
+        clock_fallback=fallback if kernel_clock else None,
         output_text="".join(parts),
+        tool_calls=[
+            {"index": index, "name": name, "arguments": arguments}
+            for index, (name, arguments) in sorted(state["tool_calls"].items())
+        ],
     )
-    if usage is not None and input_tokens is None:
-        record.input_tokens = usage.get("prompt_tokens")
+    usage = read_usage(state["usage"], carried_text=bool(arrivals_ns))
+    if input_tokens is None:
+        record.input_tokens = usage.prompt_tokens
     if state["in_stream"]:
         record.stream_close_ms = (end_ns - send_ns) / _NS_PER_MS
     timing = chunk_timing(send_ns, arrivals_ns)  # TPOT once the output count is known
@@ -302,9 +323,10 @@ def _record(
     if state["sent_ns"] >= send_ns:
         record.request_sent_ms = (state["sent_ns"] - send_ns) / _NS_PER_MS
 
-    completion_tokens = usage.get("completion_tokens") if usage is not None else None
-    if completion_tokens is not None:
-        record.output_tokens = int(completion_tokens)
+    record.reasoning_tokens, record.usage_convention = usage.reasoning_tokens, usage.convention
+    record.cached_tokens, record.usage_problem = usage.cached_tokens, usage.problem
+    if usage.output_tokens is not None:
+        record.output_tokens = usage.output_tokens
         record.output_tokens_source = "usage"
     fill_output_tokens(record, count_tokens)
 
@@ -320,6 +342,12 @@ def _record(
         record.error_class = EMPTY_RESPONSE
         record.error_message = (
             f"HTTP 200 but the stream carried no text ({state['chunks']} chunks, "
-            f"finish_reason={state['finish_reason']}, usage completion_tokens={completion_tokens})"
+            f"finish_reason={state['finish_reason']}, usage output tokens={usage.output_tokens})"
+        )
+    elif state["finish_reason"] is None and state["usage"] is None and not state["done"]:
+        record.error_class = STREAM_BROKEN
+        record.error_message = (
+            f"the stream ended after {len(arrivals_ns)} text chunks with no finish_reason, no usage "
+            "and no [DONE]: the answer may have been cut anywhere (a proxy or the server closed it)"
         )
     return record

@@ -23,10 +23,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from tasks import stats
-from tasks.stream import prometheus
+from tasks.stream import prometheus, quality
 from tasks.stream.load import LevelResult
 from tasks.stream.multiproc import auto_processes, run_level_processes
-from tasks.stream.quality import DRIFT_WARN_MS
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
@@ -114,15 +113,18 @@ def run_levels(
     said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
     for settings in levels:
         level = _run_one(connection, settings, count_tokens, goodput, client_processes, on_record, logger)
-        if not said_user_clock and level.measured and level.metrics.get("arrival_clock") == "user":
-            said_user_clock = True  # once per run: it holds for every level after
+        fallback = quality.fallback_message(settings.level, level.records)
+        if fallback:  # some records could not use the kernel's stamps: which, and why
+            logger.warning("%s", fallback)
+        elif not said_user_clock and level.metrics.get("arrival_clock") == "user":
+            said_user_clock = True  # once per run: no record could be stamped, nor will any be
             logger.warning(
                 "arrival times are on the user-space clock (when the event loop read each chunk): "
                 "kernel receive timestamps are not available here (%s); on a busy client they "
                 "run late by the loop's lag",
                 "the openai transport reads through httpx"
                 if connection.transport == "openai"
-                else "this platform or socket gave none",
+                else "this platform gives none",
             )
         done.append(level)
         if on_level is not None:
@@ -211,7 +213,7 @@ def _warn_client(
     the realtime-to-monotonic offset that could move kernel stamps."""
     index = settings.level
     drift = metrics.get("clock_offset_drift_ms")
-    if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > DRIFT_WARN_MS:
+    if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > quality.DRIFT_WARN_MS:
         logger.warning(
             "level %d: CLOCK_REALTIME moved %.3f ms against CLOCK_MONOTONIC during the level (a "
             "wall-clock adjustment); kernel arrival stamps near it may be off by up to that",

@@ -35,11 +35,42 @@ COALESCED_TOLERANCE = 0.01
 DRIFT_WARN_MS = 1.0
 
 
-def level_clock(records: Iterable[Any]) -> str:
+def level_clock(records: Iterable[Any]) -> str | None:
     """``kernel`` when every measured record with a text chunk was stamped by the kernel, else
-    ``user`` (a level with no text at all: ``user``)."""
+    ``user``; None for a level with no text at all (no arrival was stamped on any clock)."""
     clocks = {r.arrival_clock for r in records if not r.warmup and r.token_offsets_ms}
+    if not clocks:
+        return None
     return "kernel" if clocks == {"kernel"} else "user"
+
+
+def clock_fallbacks(records: Iterable[Any]) -> dict[str, list[str]]:
+    """The measured records whose arrivals fell back to the user clock although the kernel's
+    was asked for: ``{reason: [request_id, ...]}`` (``RequestRecord.clock_fallback``)."""
+    out: dict[str, list[str]] = {}
+    for r in records:
+        if not r.warmup and r.clock_fallback:
+            out.setdefault(r.clock_fallback, []).append(r.request_id)
+    return out
+
+
+def fallback_message(level: int, records: Iterable[Any]) -> str | None:
+    """The warning for a level some of whose records fell back to the user clock although the
+    kernel's was asked for: how many of the level's requests with text, and per reason the
+    first request ids; None when none fell back (a level with no text says nothing)."""
+    records = [r for r in records if not r.warmup]
+    fallbacks = clock_fallbacks(records)
+    if not fallbacks:
+        return None
+    with_text = sum(1 for r in records if r.token_offsets_ms)
+    reasons = "; ".join(
+        f"{reason}: {', '.join(ids[:5])}{' ...' if len(ids) > 5 else ''}" for reason, ids in fallbacks.items()
+    )
+    return (
+        f"level {level}: {sum(map(len, fallbacks.values()))} of {with_text} requests with text are on "
+        f"the user-space clock (when the event loop read each chunk; late by the loop's lag), not "
+        f"the kernel's: {reasons}"
+    )
 
 
 def client_figures(
@@ -62,7 +93,8 @@ def client_figures(
         offset_drift_ns: change of CLOCK_REALTIME - CLOCK_MONOTONIC from the level's start to its
             end, or None.
 
-    Returns ``client_loop_lag_ms_*`` (from ``lag``), ``arrival_clock``, ``coalesced_events``,
+    Returns ``client_loop_lag_ms_*`` (from ``lag``), ``arrival_clock`` (:func:`level_clock`),
+    ``num_clock_fallbacks`` (:func:`clock_fallbacks`' records), ``coalesced_events``,
     ``coalesced_event_fraction`` (of the ITL gaps; None without gaps), ``client_bound`` (0/1,
     None when the clock in use has nothing to judge by), ``achieved_request_rate`` (requests/s
     between the first and last measured send; None below 2 sends), ``send_lateness_ms_p99``
@@ -84,6 +116,7 @@ def client_figures(
     out = {k: v for k, v in lag.items() if k.startswith("client_loop_lag")}
     out.update(
         arrival_clock=clock,
+        num_clock_fallbacks=sum(len(ids) for ids in clock_fallbacks(measured).values()),
         coalesced_events=coalesced if clock == "kernel" else None,
         coalesced_event_fraction=fraction if clock == "kernel" else None,
         client_bound=bound,

@@ -26,6 +26,8 @@ from typing import Any
 
 import polars as pl
 
+from tasks.stream.timing import decode_unobserved
+
 
 @dataclass
 class RequestRecord:
@@ -45,15 +47,34 @@ class RequestRecord:
         e2e_ms: to the last text-carrying chunk.
         stream_close_ms: to the end of the stream (after a late usage chunk / ``[DONE]``), or
             to the failure for a failed request.
-        output_tokens: from ``usage.completion_tokens`` (source ``usage``) or the configured
-            tokenizer on ``output_text`` without special tokens (source ``tokenizer``).
+        output_tokens: from the server's usage (source ``usage``: ``completion_tokens``, plus
+            ``reasoning_tokens`` where the usage reports them apart; ``tasks.stream.usage``) or
+            the configured tokenizer on the generated text without special tokens (source
+            ``tokenizer``); never from a usage count that is not trusted.
+        usage_problem: why the server's usage count was not used (0 for a stream with text, not
+            a non-negative integer, totals that fit neither reasoning convention); None when it
+            was used or none came.
+        reasoning_tokens: ``usage.completion_tokens_details.reasoning_tokens`` when sent.
+        usage_convention: for a usage with reasoning tokens, whether ``completion_tokens``
+            includes them (``included``: OpenAI, vLLM), reports them apart (``separate``),
+            ``unverified`` (no totals to decide by) or ``neither`` (flagged, not trusted).
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` when sent (prompt tokens
+            the server's prefix cache supplied).
         output_text: all generated text, reasoning deltas included, in arrival order.
+        tool_calls: the tool calls generated, ``{"index", "name", "arguments"}`` each, their
+            fragments joined per ``tool_calls[].index`` (their chunks are text chunks).
+        decode_unobserved: why the client could not see the decode, so TPOT is None and the
+            request neither passes nor fails a TPOT SLO: ``one_token``, ``one_chunk`` or
+            ``one_read`` (every chunk arrived at one instant); None when it could
+            (``tasks.stream.timing.decode_unobserved``).
         error_class / error_message: None for a success (see ``tasks.stream.errors``).
         token_offsets_ms: arrival time of every text-carrying chunk since send, on the clock
             ``arrival_clock`` names.
         arrival_clock: ``kernel`` (each chunk's time is the kernel's receive stamp of the read
             that completed it, ``tasks.stream.rxclock``) or ``user`` (when the event loop read it).
         user_token_offsets_ms: the user-space arrivals beside kernel ones (empty for ``user``).
+        clock_fallback: why the arrivals are on the user clock although the kernel's was asked
+            for (``tasks.stream.rxclock.kernel_arrivals``' reasons); None otherwise.
         coalesced_events: text chunks that came in the same read as the one before (kernel
             clock only; they share one stamp).
         connect_ms: send to the new connection being open (TCP, and TLS when https); None when a
@@ -77,16 +98,36 @@ class RequestRecord:
     stream_close_ms: float | None = None
     output_tokens: int | None = None
     output_tokens_source: str | None = None
+    usage_problem: str | None = None
+    reasoning_tokens: int | None = None
+    usage_convention: str | None = None
+    cached_tokens: int | None = None
     output_text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error_class: str | None = None
     error_message: str | None = None
     token_offsets_ms: list[float] = field(default_factory=list)
     arrival_clock: str = "user"
     user_token_offsets_ms: list[float] = field(default_factory=list)
+    clock_fallback: str | None = None
     coalesced_events: int = 0
     connect_ms: float | None = None
     request_sent_ms: float | None = None
     send_lateness_ms: float | None = None
+
+    @property
+    def decode_unobserved(self) -> str | None:
+        """Why the client could not see the decode (``one_token``, ``one_chunk``, ``one_read``),
+        or None: derived from the count and the arrivals by
+        :func:`tasks.stream.timing.decode_unobserved`, never stored."""
+        return decode_unobserved(self.output_tokens, self.token_offsets_ms)
+
+    @property
+    def generated_text(self) -> str:
+        """Every generated text the tokenizer counts when the usage cannot: ``output_text``,
+        then each tool call's name and arguments."""
+        calls = "".join(f"{c.get('name') or ''}{c.get('arguments') or ''}" for c in self.tool_calls)
+        return self.output_text + calls
 
     @property
     def succeeded(self) -> bool:
@@ -113,11 +154,18 @@ class RequestRecord:
             "stream_close_ms": self.stream_close_ms,
             "output_tokens": self.output_tokens,
             "output_tokens_source": self.output_tokens_source,
+            "usage_problem": self.usage_problem,
+            "reasoning_tokens": self.reasoning_tokens,
+            "usage_convention": self.usage_convention,
+            "cached_tokens": self.cached_tokens,
             "output_text": self.output_text,
+            "tool_calls": [dict(call) for call in self.tool_calls],
+            "decode_unobserved": self.decode_unobserved,
             "error": error,
             "token_offsets_ms": list(self.token_offsets_ms),
             "arrival_clock": self.arrival_clock,
             "user_token_offsets_ms": list(self.user_token_offsets_ms),
+            "clock_fallback": self.clock_fallback,
             "coalesced_events": self.coalesced_events,
             "connect_ms": self.connect_ms,
             "request_sent_ms": self.request_sent_ms,
@@ -234,10 +282,17 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "stream_close_ms": pl.Float64(),
     "output_tokens": pl.Int64(),
     "output_tokens_source": pl.String(),
+    "usage_problem": pl.String(),
+    "reasoning_tokens": pl.Int64(),
+    "usage_convention": pl.String(),
+    "cached_tokens": pl.Int64(),
     "output_text": pl.String(),
+    "tool_calls": pl.List(pl.Struct({"index": pl.Int64(), "name": pl.String(), "arguments": pl.String()})),
+    "decode_unobserved": pl.String(),
     "error_class": pl.String(),
     "error_message": pl.String(),
     "arrival_clock": pl.String(),
+    "clock_fallback": pl.String(),
     "coalesced_events": pl.Int64(),
     "connect_ms": pl.Float64(),
     "request_sent_ms": pl.Float64(),
@@ -263,6 +318,7 @@ def requests_frame(records: Iterable[RequestRecord]) -> pl.DataFrame:
         row.pop("user_token_offsets_ms")
         row["itl_ms"] = [float(x) for x in r.itl_ms]
         row["succeeded"] = r.succeeded
+        row["decode_unobserved"] = r.decode_unobserved
         rows.append(row)
     return pl.DataFrame(rows, schema=_REQUEST_SCHEMA)
 

@@ -174,24 +174,38 @@ def socket_of(transport: Any) -> StampedSocket | None:
 _SLACK_NS = 200_000
 
 
-def kernel_arrivals(send_ns: int, user_ns: list[int], rx_ns: list[int], offset_ns: int) -> list[int] | None:
+#: Why a record's arrivals stayed on the user-space clock although the kernel's was asked for.
+NO_STAMP = "a text chunk had no kernel receive stamp"
+CLOCK_STEPPED = "a converted kernel stamp fell outside the request (the wall clock stepped)"
+NO_STAMPED_SOCKET = "the connection's socket gave no receive timestamps"
+
+
+def kernel_arrivals(
+    send_ns: int, user_ns: list[int], rx_ns: list[int], offset_ns: int
+) -> tuple[list[int] | None, str | None]:
     """The text chunks' arrival times on the records' clock (``perf_counter_ns``) from their
-    kernel stamps, or None when the user-space stamps must stand: a chunk without a kernel stamp,
-    or a converted stamp before the send or after its user-space stamp (by more than 0.2 ms: the
-    wall clock stepped while the request ran).
+    kernel stamps, and None with the reason when the user-space stamps must stand
+    (:data:`NO_STAMPED_SOCKET`, :data:`NO_STAMP`: a chunk without a kernel stamp;
+    :data:`CLOCK_STEPPED`: a converted stamp before the send or after its user-space stamp by
+    more than 0.2 ms). No text chunk: ``(None, None)`` (nothing to stamp, nothing fell back).
 
     Args:
         send_ns: the request's send time (``perf_counter_ns``).
         user_ns: each text chunk's user-space arrival (``perf_counter_ns``).
-        rx_ns: each text chunk's kernel receive time (CLOCK_REALTIME ns; 0 = none).
+        rx_ns: each text chunk's kernel receive time (CLOCK_REALTIME ns; 0 = none; empty when the
+            socket was not a :class:`StampedSocket`).
         offset_ns: :func:`realtime_offset_ns`, read after the stream.
     """
-    if not rx_ns or len(rx_ns) != len(user_ns) or not all(rx_ns):
-        return None
+    if not user_ns:
+        return None, None
+    if not rx_ns:
+        return None, NO_STAMPED_SOCKET
+    if len(rx_ns) != len(user_ns) or not all(rx_ns):
+        return None, NO_STAMP
     kernel = [stamp - offset_ns for stamp in rx_ns]
     if kernel[0] < send_ns or any(k > u + _SLACK_NS for k, u in zip(kernel, user_ns)):
-        return None
-    return kernel
+        return None, CLOCK_STEPPED
+    return kernel, None
 
 
 #: A read handled this long (ns) after its kernel stamp was a late read (the loop was behind).

@@ -31,7 +31,7 @@ import aiohttp
 import httpx2
 import openai
 
-from tasks.stream.errors import SERVER, StreamError
+from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
 from tasks.stream.rxclock import socket_of
 
 
@@ -46,7 +46,9 @@ def new_state() -> dict[str, Any]:
     ``finish_reason`` (str or None), ``in_stream`` (bool, True once a 200 response began),
     ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
     pooled one was reused) and ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
-    handed to the kernel; 0 unknown).
+    handed to the kernel; 0 unknown), ``done`` (bool, ``[DONE]`` came; the openai transport
+    never sees it) and ``tool_calls`` (``{index: [name, arguments]}``, the tool-call fragments
+    joined per ``tool_calls[].index``: :func:`add_tool_calls`).
     """
     return {
         "arrivals_ns": [],
@@ -58,7 +60,40 @@ def new_state() -> dict[str, Any]:
         "in_stream": False,
         "connect_ns": None,
         "sent_ns": 0,
+        "done": False,
+        "tool_calls": {},
     }
+
+
+def _field(obj: Any, key: str) -> Any:
+    """``obj[key]`` of a parsed dict, ``obj.key`` of an openai client model; None when absent."""
+    return obj.get(key) if isinstance(obj, dict) else getattr(obj, key, None)
+
+
+def add_tool_calls(calls: Any, joined: dict[int, list[str]]) -> bool:
+    """Join one delta's ``tool_calls`` fragments into ``joined`` (``index -> [name,
+    arguments]``; dicts from the SSE parser or the openai client's models). Returns True when a
+    fragment carried generated text (a function name or an arguments fragment): such a chunk is
+    a text chunk for TTFT and ITL like content (AIPerf PR #804). Malformed fragments are skipped.
+    """
+    generated = False
+    for call in calls if isinstance(calls, list) else ():
+        function = _field(call, "function")
+        if function is None:
+            continue
+        index = _field(call, "index")
+        entry = joined.setdefault(index if isinstance(index, int) else 0, ["", ""])
+        for slot, key in enumerate(("name", "arguments")):
+            piece = _field(function, key)
+            if isinstance(piece, str) and piece:
+                entry[slot] += piece
+                generated = True
+    return generated
+
+
+def _shape_error(what: str, payload: bytes) -> StreamError:
+    """A data line that is JSON but not a chat-completions chunk."""
+    return StreamError(BAD_PAYLOAD, f"the server sent a chunk of the wrong shape ({what}): {payload[:120]!r}")
 
 
 def _in_stream_error(chunk: Any) -> StreamError:
@@ -159,33 +194,44 @@ async def receive_sse(
                     payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
                     data_lines = []
                     if payload == b"[DONE]":
+                        state["done"] = True
                         continue
                     event = loads(payload)
                     state["chunks"] += 1
-                    choices = event.get("choices") if isinstance(event, dict) else None
+                    if not isinstance(event, dict):
+                        raise _shape_error("the data line is not a JSON object", payload)
+                    choices = event.get("choices")
                     if choices:
-                        choice = choices[0]
+                        choice = choices[0] if isinstance(choices, list) else None
+                        if not isinstance(choice, dict):
+                            raise _shape_error("choices[0] is not an object", payload)
                         delta = choice.get("delta")
-                        if delta:
+                        called = False
+                        if isinstance(delta, dict):
                             text = (
                                 delta.get("content")
                                 or delta.get("reasoning_content")
                                 or delta.get("reasoning")
                             )
+                            calls = delta.get("tool_calls")
+                            if calls:
+                                called = add_tool_calls(calls, state["tool_calls"])
                         else:  # /completions: choices[].text
                             text = choice.get("text")
-                        if text and isinstance(text, str):
+                        if not isinstance(text, str):
+                            text = ""
+                        if text or called:
                             arrivals.append(now_ns)
                             parts.append(text)
                             if sock is not None:  # the read that delivered the blank line
                                 rx.append(sock.stamp_at(position))
                         if choice.get("finish_reason") is not None:
                             state["finish_reason"] = choice["finish_reason"]
-                    elif isinstance(event, dict):
+                    else:
                         error = _event_error(event)
                         if error is not None:
                             raise error
-                    usage = event.get("usage") if isinstance(event, dict) else None
+                    usage = event.get("usage")
                     if usage:
                         state["usage"] = usage
     except (aiohttp.ClientError, OSError) as exc:
@@ -242,9 +288,12 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
                     extra = delta.model_extra
                     if extra:
                         text = extra.get("reasoning_content") or extra.get("reasoning")
-                        if not isinstance(text, str):
-                            text = None
-                if text:
+                if not isinstance(text, str):
+                    text = ""
+                called = bool(delta is not None and delta.tool_calls) and add_tool_calls(
+                    delta.tool_calls, state["tool_calls"]
+                )
+                if text or called:
                     arrivals_ns.append(now_ns)
                     parts.append(text)
                 if choice.finish_reason is not None:

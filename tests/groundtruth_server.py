@@ -20,8 +20,12 @@ was read, then usage (N tokens) and ``[DONE]``. Every chunk the server writes is
 Linux is one clock for all processes, so the client's ``send_ns`` and these stamps are directly
 comparable and the server's own lateness is never charged to the client.
 
+Scenario ``prefix_cache``: a server with a prefix cache over the prompt's words
+(:func:`_prefix_cache_steps`), its counters under vLLM's names in ``/metrics``.
+
 Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
-``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count), ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
+``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count, ``vllm:prefix_cache_queries_total`` /
+``vllm:prefix_cache_hits_total``), ``POST /reset_prefix_cache``, ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
 ``GET /stamps`` -> ``{prompt: {"recv_ns": int, "text_sent_ns": [int, ...]}}`` (keyed by the
 first message's content, so give each request its own prompt), ``POST /reset``.
 
@@ -478,6 +482,9 @@ class _State:
         self.stamps: dict[str, dict[str, Any]] = {}
         self.ttft_s_sum = 0.0  # server side: request read -> first text chunk written
         self.cached_prompts: set[str] = set()  # the "prompt_cache" scenario's cache
+        self.prefix_cache: list[list[str]] = []  # the "prefix_cache" scenario's prompts (words)
+        self.prefix_queries = 0  # its cumulative counters, as vLLM's (tokens = words)
+        self.prefix_hits = 0
         self.ttft_count = 0
         self.text_chunks = 0
 
@@ -534,7 +541,46 @@ def _metrics_page(state: _State) -> str:
         f"gt_ttft_seconds_count {state.ttft_count}\n"
         "# TYPE gt_in_flight gauge\n"
         f"gt_in_flight {state.in_flight}\n"
+        "# TYPE vllm:prefix_cache_queries counter\n"
+        f'vllm:prefix_cache_queries_total{{engine="0"}} {state.prefix_queries}\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        f'vllm:prefix_cache_hits_total{{engine="0"}} {state.prefix_hits}\n'
+        "# TYPE vllm:gpu_prefix_cache_hit_rate gauge\n"  # a lifetime rate: never the level's
+        f"vllm:gpu_prefix_cache_hit_rate {state.prefix_hits / max(state.prefix_queries, 1)}\n"
     )
+
+
+def _prefix_cache_steps(state: _State, prompt: str) -> list[tuple]:
+    """``prefix_cache``: a server with a prefix cache whose tokens are the prompt's words: the
+    cached tokens are the longest prefix shared with any earlier prompt (since the last
+    ``POST /reset_prefix_cache``); usage reports them as vLLM does
+    (``prompt_tokens_details.cached_tokens``) and the counters add them up. Answers "ok ok"."""
+    words = prompt.split()
+    hits = max((_shared(words, seen) for seen in state.prefix_cache), default=0)
+    state.prefix_cache.append(words)
+    state.prefix_queries += len(words)
+    state.prefix_hits += hits
+    usage = _usage(2, prompt_tokens=len(words))
+    usage["usage"]["prompt_tokens_details"] = {"cached_tokens": hits}
+    return [
+        ("data", _chunk(role="assistant")),
+        ("sleep", 20),
+        ("data", _chunk("ok")),
+        ("sleep", 10),
+        ("data", _chunk(" ok")),
+        ("data", _chunk(finish="stop")),
+        ("data", usage),
+        ("data", "[DONE]"),
+    ]
+
+
+def _shared(a: list[str], b: list[str]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 async def _send_text(writer: asyncio.StreamWriter, text: str) -> None:
@@ -729,6 +775,10 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                     writer, 200, {"max_in_flight": state.max_in_flight, "requests": state.requests}
                 )
                 continue
+            if method == "POST" and path.startswith("/reset_prefix_cache"):  # vLLM's (dev mode)
+                state.prefix_cache.clear()
+                await _send_json(writer, 200, {"ok": True})
+                continue
             if method == "POST" and path.startswith("/reset"):
                 state.__init__()
                 await _send_json(writer, 200, {"ok": True})
@@ -769,6 +819,8 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 prompt = str((request.get("messages") or [{}])[0].get("content"))
                 steps = _prompt_cache_steps(prompt in state.cached_prompts)
                 state.cached_prompts.add(prompt)
+            elif model == "prefix_cache":
+                steps = _prefix_cache_steps(state, str((request.get("messages") or [{}])[0].get("content")))
             else:
                 scenarios = SCENARIOS if api == "chat" else COMPLETIONS_SCENARIOS
                 steps = scenarios.get(model) or _rendezvous(model)

@@ -216,6 +216,18 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("goodput_fraction", "fraction", "stream", "Requests within every SLO / requests.", _TPUT),
     Metric("num_short_outputs", "count", "stream", "Successes with fewer tokens than asked.", "higher"),
     Metric(
+        "prefix_cache_hit_rate",
+        "fraction",
+        "stream",
+        "Server's prefix-cache hits / queries, counter increases over the level (vLLM).",
+    ),
+    Metric(
+        "cached_token_fraction",
+        "fraction",
+        "stream",
+        "usage cached_tokens / usage prompt_tokens of the level's successes.",
+    ),
+    Metric(
         "num_decode_unobserved",
         "count",
         "stream",

@@ -324,7 +324,8 @@ def _build_record(
         record.request_sent_ms = (state["sent_ns"] - send_ns) / _NS_PER_MS
 
     record.reasoning_tokens, record.usage_convention = usage.reasoning_tokens, usage.convention
-    record.cached_tokens, record.usage_problem = usage.cached_tokens, usage.problem
+    record.cached_tokens, record.usage_prompt_tokens = usage.cached_tokens, usage.prompt_tokens
+    record.usage_problem = usage.problem
     if usage.output_tokens is not None:
         record.output_tokens = usage.output_tokens
         record.output_tokens_source = "usage"

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tasks import stats
+from tasks import cache, stats
 from tasks.stream import prometheus, quality
 from tasks.stream.load import LevelResult
 from tasks.stream.multiproc import auto_processes, run_level_processes
@@ -178,6 +178,7 @@ def _level_metrics(
     metrics = stats.aggregate_level(result.records, result.wall_s, goodput)
     metrics.update(result.client)
     metrics.update(prometheus.level_view(before, after))
+    metrics.update(cache.level_figures(result.measured, before, after))
     metrics.update(prometheus.cross_check(metrics))
     if metrics.get("server_client_disagree"):
         logger.warning(

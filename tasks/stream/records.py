@@ -59,7 +59,8 @@ class RequestRecord:
             includes them (``included``: OpenAI, vLLM), reports them apart (``separate``),
             ``unverified`` (no totals to decide by) or ``neither`` (flagged, not trusted).
         cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` when sent (prompt tokens
-            the server's prefix cache supplied).
+            the server's prefix cache supplied); usage_prompt_tokens: ``usage.prompt_tokens``
+            (the server's count, chat template included), beside the caller's ``input_tokens``.
         output_text: all generated text, reasoning deltas included, in arrival order.
         tool_calls: the tool calls generated, ``{"index", "name", "arguments"}`` each, their
             fragments joined per ``tool_calls[].index`` (their chunks are text chunks).
@@ -102,6 +103,7 @@ class RequestRecord:
     reasoning_tokens: int | None = None
     usage_convention: str | None = None
     cached_tokens: int | None = None
+    usage_prompt_tokens: int | None = None
     output_text: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     error_class: str | None = None
@@ -158,6 +160,7 @@ class RequestRecord:
             "reasoning_tokens": self.reasoning_tokens,
             "usage_convention": self.usage_convention,
             "cached_tokens": self.cached_tokens,
+            "usage_prompt_tokens": self.usage_prompt_tokens,
             "output_text": self.output_text,
             "tool_calls": [dict(call) for call in self.tool_calls],
             "decode_unobserved": self.decode_unobserved,
@@ -286,6 +289,7 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "reasoning_tokens": pl.Int64(),
     "usage_convention": pl.String(),
     "cached_tokens": pl.Int64(),
+    "usage_prompt_tokens": pl.Int64(),
     "output_text": pl.String(),
     "tool_calls": pl.List(pl.Struct({"index": pl.Int64(), "name": pl.String(), "arguments": pl.String()})),
     "decode_unobserved": pl.String(),

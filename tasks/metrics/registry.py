@@ -228,6 +228,19 @@ REGISTRY: tuple[Metric, ...] = (
         "usage cached_tokens / usage prompt_tokens of the level's successes.",
     ),
     Metric(
+        "recorded_request_rate",
+        "requests/s",
+        "stream",
+        "A replayed trace's requests / its recorded span (beside achieved_request_rate).",
+    ),
+    Metric(
+        "schedule_faithful",
+        "0/1",
+        "stream",
+        "A replayed trace: 1 when send_lateness_ms_p99 <= 10 ms, else 0 (flagged).",
+        "lower",
+    ),
+    Metric(
         "num_decode_unobserved",
         "count",
         "stream",
@@ -286,10 +299,17 @@ REGISTRY: tuple[Metric, ...] = (
         _TPUT,
     ),
     Metric(
+        "send_lateness_ms_p50",
+        "ms",
+        "stream",
+        "Send minus the schedule's arrival (a finite rate or a trace; slot wait included), p50.",
+        _LAT,
+    ),
+    Metric(
         "send_lateness_ms_p99",
         "ms",
         "stream",
-        "Send minus the schedule's arrival (a finite rate; slot wait included), p99.",
+        "Send minus the schedule's arrival (a finite rate or a trace; slot wait included), p99.",
         _LAT,
     ),
     Metric("client_cpu_us_per_chunk", "us", "stream", "Client CPU time / text chunks received.", _LAT),

@@ -203,8 +203,25 @@ def _level_metrics(
             len(result.measured),
             "per request" if settings.output_lens else settings.max_tokens,
         )
+    if settings.schedule_s is not None:  # a recorded schedule: did the sends keep it?
+        metrics.update(quality.schedule_fidelity(metrics, settings.schedule_s[: settings.num_requests]))
+        if metrics["schedule_faithful"] == 0:
+            logger.warning(
+                "level %d did not keep the recorded schedule: sends were %.1f ms late at p99 (> %g ms; "
+                "achieved %s requests/s against the recorded %s): raise --max-concurrency, or more "
+                "--client-processes, or replay slower (--time-scale)",
+                index,
+                metrics["send_lateness_ms_p99"],
+                quality.SCHEDULE_LATENESS_TOLERANCE_MS,
+                _rate(metrics.get("achieved_request_rate")),
+                _rate(metrics.get("recorded_request_rate")),
+            )
     _warn_client(metrics, settings, logger)
     return metrics
+
+
+def _rate(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _warn_client(

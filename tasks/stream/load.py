@@ -123,15 +123,25 @@ async def run_level(
     (vLLM and guidellm bound a level the same way: requests in flight finish and count). The
     level's ``wall_s`` still runs to the last completion.
 
+    ``settings.schedule_s``: the measured requests are sent at those recorded times instead of a
+    rate's draws (a trace replay); ``send_lateness_ms`` is then measured against them.
+
     Raises:
-        ValueError: max_concurrency < 1, no prompts, or a rate / burstiness not > 0.
+        ValueError: max_concurrency < 1, no prompts, a rate / burstiness not > 0, or a schedule
+            shorter than ``num_requests``.
     """
     s = settings
     if s.max_concurrency < 1:
         raise ValueError("max_concurrency must be >= 1")
     if not s.prompts:
         raise ValueError("prompts must not be empty")
-    offsets = arrival_offsets_s(s.num_requests, s.request_rate, s.burstiness, s.seed)
+    if s.schedule_s is not None:  # a recorded schedule (a trace): its times, not a rate's
+        if len(s.schedule_s) < s.num_requests:
+            raise ValueError("schedule_s must hold a time for every measured request")
+        offsets = list(s.schedule_s)
+    else:
+        offsets = arrival_offsets_s(s.num_requests, s.request_rate, s.burstiness, s.seed)
+    scheduled = s.request_rate is not None or s.schedule_s is not None
     mine = range(share[0], s.num_requests, share[1])
     result = LevelResult(level=s.level, max_concurrency=s.max_concurrency, request_rate=s.request_rate)
     common = {
@@ -184,7 +194,7 @@ async def run_level(
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
-        if s.request_rate is not None:  # the schedule's arrival of request i vs its send
+        if scheduled:  # the schedule's arrival of request i vs its send
             record.send_lateness_ms = (record.send_ns - (start + offsets[i]) * 1e9) / 1e6
         measured.append(keep(record))
 

@@ -24,7 +24,7 @@ Pure functions over records; no clock reads, no I/O.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tasks.stats import percentile
@@ -33,6 +33,27 @@ from tasks.stats import percentile
 COALESCED_TOLERANCE = 0.01
 #: Drift (ms) of CLOCK_REALTIME - CLOCK_MONOTONIC over a level above which a warning is given.
 DRIFT_WARN_MS = 1.0
+#: Send lateness p99 (ms) above which a replayed schedule (a trace) is not faithful (issue 19).
+SCHEDULE_LATENESS_TOLERANCE_MS = 10.0
+
+
+def schedule_fidelity(metrics: Mapping[str, Any], schedule_s: Sequence[float]) -> dict[str, Any]:
+    """How faithfully a level kept a recorded schedule (a trace replay): ``recorded_request_rate``
+    (its requests over its span, requests/s; None below 2 or a zero span) beside the measured
+    ``achieved_request_rate``, and ``schedule_faithful`` (1 when ``send_lateness_ms_p99`` is at
+    most :data:`SCHEDULE_LATENESS_TOLERANCE_MS`, 0 when over it, None without sends).
+
+    Args:
+        metrics: the level's client figures (:func:`client_figures`).
+        schedule_s: the send times the level was given, seconds after the first, for the
+            measured requests only.
+    """
+    span = schedule_s[-1] - schedule_s[0] if len(schedule_s) > 1 else 0.0
+    p99 = metrics.get("send_lateness_ms_p99")
+    return {
+        "recorded_request_rate": (len(schedule_s) - 1) / span if span > 0 else None,
+        "schedule_faithful": None if p99 is None else int(p99 <= SCHEDULE_LATENESS_TOLERANCE_MS),
+    }
 
 
 def level_clock(records: Iterable[Any]) -> str | None:
@@ -97,7 +118,8 @@ def client_figures(
     ``num_clock_fallbacks`` (:func:`clock_fallbacks`' records), ``coalesced_events``,
     ``coalesced_event_fraction`` (of the ITL gaps; None without gaps), ``client_bound`` (0/1,
     None when the clock in use has nothing to judge by), ``achieved_request_rate`` (requests/s
-    between the first and last measured send; None below 2 sends), ``send_lateness_ms_p99``
+    between the first and last measured send; None below 2 sends), ``send_lateness_ms_p50`` /
+    ``send_lateness_ms_p99``
     (None without a schedule), ``client_cpu_us_per_chunk`` and ``clock_offset_drift_ms``.
     """
     measured = [r for r in records if not r.warmup]
@@ -121,6 +143,7 @@ def client_figures(
         coalesced_event_fraction=fraction if clock == "kernel" else None,
         client_bound=bound,
         achieved_request_rate=(len(sends) - 1) / span_s if span_s > 0 else None,
+        send_lateness_ms_p50=percentile(lateness, 50.0),
         send_lateness_ms_p99=percentile(lateness, 99.0),
         client_cpu_us_per_chunk=cpu_s * 1e6 / chunks if cpu_s is not None and chunks else None,
         clock_offset_drift_ms=None if offset_drift_ns is None else abs(offset_drift_ns) / 1e6,

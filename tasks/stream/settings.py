@@ -51,6 +51,9 @@ class LevelSettings:
         output_lens: optional ``max_tokens`` per prompt (parallel to ``prompts``; a dataset's
             per-request output lengths, sent with ``ignore_eos``; a None entry and None =
             ``max_tokens``).
+        schedule_s: a recorded schedule instead of a rate: measured request ``i`` is sent
+            ``schedule_s[i]`` seconds after the first (a trace replayed,
+            ``tasks.workload.trace``); ``num_requests`` at most its length. None: the rate's.
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
     them as read-only.
@@ -75,6 +78,7 @@ class LevelSettings:
     duration_s: float | None = None
     api: str = "chat"
     output_lens: tuple[int | None, ...] | None = None
+    schedule_s: tuple[float, ...] | None = None
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -82,6 +86,8 @@ class LevelSettings:
             object.__setattr__(self, "prompt_tokens", tuple(self.prompt_tokens))
         if self.output_lens is not None:
             object.__setattr__(self, "output_lens", tuple(self.output_lens))
+        if self.schedule_s is not None:
+            object.__setattr__(self, "schedule_s", tuple(self.schedule_s))
 
     def max_tokens_at(self, index: int) -> int:
         """``max_tokens`` of the request on prompt ``index`` (round-robin, as the prompts)."""

@@ -39,7 +39,9 @@ __all__ = [
     "check_hf_source",
     "check_reachable",
     "check_settings",
+    "check_tokenizers",
     "check_tracking_server",
+    "check_tracking_uri",
 ]
 
 
@@ -55,8 +57,13 @@ class PreflightError(Exception):
 
     def line(self, names: dict[str, str] | None = None) -> str:
         """The one line a user reads: the setting as ``names`` spell it (a CLI flag), else as
-        the config file does (``endpoint.<field>``; ``sweep.local_model``), then the message."""
-        default = "sweep.local_model" if self.setting == "local_model" else f"endpoint.{self.setting}"
+        the config file does (``endpoint.<field>``; ``sweep.local_model``; a setting that is
+        a config path or a flag already, ``tokenize.tokenizers`` or ``--tokenizers``, as it
+        is), then the message."""
+        if "." in self.setting or self.setting.startswith("-"):  # a config path or a flag already
+            default = self.setting
+        else:
+            default = "sweep.local_model" if self.setting == "local_model" else f"endpoint.{self.setting}"
         return f"{(names or {}).get(self.setting, default)}: {self.message}"
 
 
@@ -254,6 +261,27 @@ def check_hf_source(spec: str, setting: str) -> None:
     )
 
 
+def check_tokenizers(
+    names: Any, model_spec: str, setting: str = "tokenize.tokenizers", model_setting: str = "profile.model"
+) -> None:
+    """The ``hf:`` sources a tokenize stage would load (:func:`check_hf_source`): each ``hf:``
+    name of ``names``, and ``model_spec`` when ``model`` (the model's own tokenizer) is among
+    them; before any stage starts, so ``hf:doesnotexist`` fails in seconds, not after the
+    hub's retries (48 s) or a whole audit.
+
+    Raises:
+        PreflightError: ``setting`` (the tokenizer names' config path or flag) or
+            ``model_setting`` (the model spec's).
+    """
+    from tasks.tokenizers import MODEL
+
+    for name in names:
+        if name == MODEL:
+            check_hf_source(model_spec, model_setting)
+        else:
+            check_hf_source(name, setting)
+
+
 def check_settings(
     endpoint: Any, local_model: str | None = None, timeout_s: float = 10.0, api: str = "chat"
 ) -> None:
@@ -284,6 +312,45 @@ def check_settings(
         key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
         key = os.environ.get(key_env) if key_env else None
         check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api)
+
+
+#: The schemes of the tracking stores MLflow itself registers (``mlflow.tracking._tracking_service
+#: .utils``): a local path (no scheme) or ``file:``, a tracking server, Databricks, and the
+#: SQLAlchemy databases (also as ``engine+driver``, e.g. ``postgresql+psycopg2``).
+TRACKING_SCHEMES = ("", "file", "http", "https", "databricks", "databricks-uc", "uc")
+DATABASE_ENGINES = ("sqlite", "postgresql", "mysql", "mssql")
+
+
+def check_tracking_uri(uri: str) -> None:
+    """``MLFLOW_TRACKING_URI`` must name a store MLflow can open: a known scheme (or one a
+    plugin registers, entry point group ``mlflow.tracking_store``), and a host for a tracking
+    server. Without this, ``htp:/oops`` ends in a long MLflow exception, after Prefect's start.
+
+    Raises:
+        PreflightError: (``tracking_uri``) an unknown scheme, or ``http(s):`` without a host.
+    """
+    from importlib.metadata import entry_points
+
+    url = urlsplit(uri)
+    scheme = url.scheme.lower()
+    if scheme in ("http", "https") and not url.hostname:
+        raise PreflightError(
+            "tracking_uri",
+            f"{uri!r} names no host; write {scheme}://HOST:PORT (e.g. {scheme}://127.0.0.1:5000)",
+        )
+    if (
+        len(scheme) == 1  # a Windows drive letter: a local path
+        or scheme in TRACKING_SCHEMES
+        or scheme.partition("+")[0] in DATABASE_ENGINES
+        or scheme in {entry.name for entry in entry_points(group="mlflow.tracking_store")}
+    ):
+        return
+    raise PreflightError(
+        "tracking_uri",
+        f"{uri!r}: {scheme!r} is not a tracking store scheme MLflow knows; write http(s)://HOST:PORT "
+        "(a tracking server), sqlite:///PATH/mlflow.db or a database URI (postgresql://...), or unset "
+        "it for the local store",
+    )
 
 
 def check_tracking_server(uri: str, timeout_s: float = 30.0) -> None:

@@ -137,3 +137,128 @@ def test_serve_cron_takes_a_timezone() -> None:
     (audit,) = [d for d in build_deployments(AuditConfig(), "0 3 * * *", "Europe/Paris") if d.name == "audit"]
     (schedule,) = audit.schedules
     assert schedule.schedule.cron == "0 3 * * *" and schedule.schedule.timezone == "Europe/Paris"
+
+
+# Issue 23, items 12, 14 and 15: a file that is not UTF-8, an output path that cannot be
+# written, a JSONL prompts line that is not JSON: one line, exit 2, before anything runs.
+
+NOT_UTF8 = b"first line\nsecond \xff line\n"  # byte 0xff: offset 18, line 2
+
+
+def test_read_utf8_names_the_byte_offset_and_line(tmp_path) -> None:
+    from tasks.textfile import read_utf8
+
+    path = tmp_path / "p.txt"
+    path.write_bytes(NOT_UTF8)
+    with pytest.raises(ConfigError) as caught:
+        read_utf8(path, ConfigError, "--prompts")
+    assert str(caught.value) == (
+        f"--prompts: {path}: not UTF-8 text: byte 0xff at offset 18 (line 2); save the file as UTF-8"
+    )
+    path.write_bytes("caf\u00e9 \u4e2d\n".encode())
+    assert read_utf8(path) == "caf\u00e9 \u4e2d\n"
+
+
+@pytest.mark.parametrize(
+    ("name", "args", "option"),
+    [
+        ("p.txt", ["stream", "--prompts", "{path}", "--no-track"], "--prompts"),
+        ("p.jsonl", ["stream", "--prompts", "{path}", "--no-track"], "--prompts"),
+        ("p.txt", ["tokenize", "--prompts", "{path}", "--no-track"], "--prompts"),
+        ("d.jsonl", ["stream", "--dataset", "jsonl:{path}", "--no-track"], "--dataset"),
+        ("d.json", ["stream", "--dataset", "sharegpt:{path}", "--no-track"], "--dataset"),
+        ("c.yaml", ["stream", "--config", "{path}", "--no-track"], None),
+        ("c.yaml", ["audit", "--config", "{path}", "--no-track"], None),
+        ("c.yaml", ["sweep", "--config", "{path}", "--no-track"], None),
+    ],
+)
+def test_a_file_that_is_not_utf8_is_one_line_naming_it(tmp_path, name, args, option) -> None:
+    """Before: a 40-line UnicodeDecodeError traceback (exit 1)."""
+    path = tmp_path / name
+    path.write_bytes(NOT_UTF8)
+    line = _one_line(_run([arg.format(path=path) for arg in args], tmp_path))
+    where = f"{option}: {path}" if option else str(path)
+    assert line == f"error: {where}: not UTF-8 text: byte 0xff at offset 18 (line 2); save the file as UTF-8"
+
+
+@pytest.mark.parametrize("command", ["stream", "tokenize"])
+def test_a_malformed_jsonl_prompts_line_is_named(tmp_path, command) -> None:
+    """Before: ``--prompts: p.jsonl: not valid JSON (...)`` without the line (``tokenize``
+    read a .jsonl file as plain lines: the JSON text became the prompts)."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "one"}\n\n{"prompt": "two"\n', encoding="utf-8")
+    line = _one_line(_run([command, "--prompts", str(path), "--no-track"], tmp_path))
+    assert line.startswith(f"error: --prompts: {path}: line 3: not valid JSON ("), line
+    assert 'write one JSON string or {"prompt": ...} object per line' in line
+
+
+def test_tokenize_reads_jsonl_prompts_as_stream_does(tmp_path) -> None:
+    from tasks.stream.prompts import read_prompts_file
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"prompt": "one"}\n"two"\n', encoding="utf-8")
+    assert read_prompts_file(path) == ["one", "two"]
+    path = tmp_path / "p.yaml"
+    path.write_text("- one\n- 'two: 2'\n", encoding="utf-8")
+    assert read_prompts_file(path) == ["one", "two: 2"]
+
+
+needs_proc = pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+
+
+@needs_proc
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["compare", "--csv", "/proc/x.csv"],
+        ["compare", "--plot", "/proc/x.png"],
+        ["compare", "--json", "/proc/x.json"],
+        ["stream", "--json", "/proc/x.json", "--no-track"],
+        ["sweep", "--json", "/proc/x.json", "--no-track"],
+        ["profile", "--json", "/proc/x.json", "--no-track"],
+        ["tokenize", "--json", "/proc/x.json", "--no-track"],
+        ["audit", "--json", "/proc/x.json", "--no-track"],
+        ["capacity", "--json", "/proc/x.json", "--no-track"],
+    ],
+)
+def test_an_output_path_that_cannot_be_created_fails_at_parse_time(tmp_path, args) -> None:
+    """/proc takes no new file, for root too (``os.access`` says it is writable). Before: a
+    traceback after the whole run (compare: also for a read-only folder). The tracking store
+    is empty: compare would otherwise say 'no runs'."""
+    env_store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    option, path = args[1], args[2]
+    result = subprocess.run(
+        [str(BIN), *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "MLFLOW_TRACKING_URI": env_store, "PREFECT_HOME": str(tmp_path / "prefect")},
+    )
+    line = _one_line(result)
+    assert line.startswith(f"error: {option} {path}: cannot write a file there ("), line
+    assert line.endswith("; choose another path")
+    assert not (tmp_path / "mlflow.db").exists()  # nothing was read or written before
+
+
+def test_compare_output_paths_under_a_file_or_at_a_folder(tmp_path) -> None:
+    (tmp_path / "file").write_text("x", encoding="utf-8")
+    store = {"MLFLOW_TRACKING_URI": f"sqlite:///{tmp_path / 'mlflow.db'}"}
+    for option in ("--csv", "--plot", "--json"):
+        result = subprocess.run(
+            [str(BIN), "compare", option, str(tmp_path / "file" / "out")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **store},
+        )
+        line = _one_line(result)
+        where = f"{option} {tmp_path / 'file' / 'out'}"
+        assert line == f"error: {where}: {tmp_path / 'file'} is a file, not a folder; choose another path"
+        result = subprocess.run(
+            [str(BIN), "compare", option, str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **store},
+        )
+        assert _one_line(result).startswith(f"error: {option} {tmp_path}: is a folder; give a file path")

@@ -264,3 +264,77 @@ def test_a_refused_key_echoed_by_the_server_never_reaches_the_message() -> None:
     error = _key_error(401, body, "MY_KEY", "sk-test-0123456789")
     assert "sk-test-0123456789" not in error.message and "***" in error.message
     assert error.setting == "api_key_env" and "MY_KEY" in error.message
+
+
+# Issue 23, items 13 and 15: a tracking URI that cannot work and an hf: tokenizer that is not
+# there fail every command in seconds, by the same check, before any stage starts.
+
+
+def test_compare_against_a_dead_tracking_server_exits_2_in_seconds(tmp_path) -> None:
+    """Before: about 4 minutes of MLflow retries, then a traceback."""
+    uri = f"http://127.0.0.1:{gt.free_port()}"
+    result, took_s = _cli(["compare"], tmp_path, {"MLFLOW_TRACKING_URI": uri})
+    _one_line_exit_2(result, f"MLflow tracking server at {uri}/health does not answer", "MLFLOW_TRACKING_URI")
+    assert took_s < 20
+
+
+@pytest.mark.parametrize(
+    "args", [["compare"], ["tokenize", "--text", "hi"], ["stream", "--num-requests", "1"]]
+)
+def test_a_tracking_uri_mlflow_cannot_open_exits_2_in_seconds(tmp_path, args) -> None:
+    """``htp:/oops``: before, a long MLflow exception (after Prefect's start)."""
+    result, took_s = _cli(args, tmp_path, {"MLFLOW_TRACKING_URI": "htp:/oops"})
+    line = _one_line_exit_2(result, "MLFLOW_TRACKING_URI: 'htp:/oops': 'htp' is not a tracking store scheme")
+    assert "sqlite:///" in line and "unset it" in line
+    assert took_s < 20
+    result, _ = _cli(args, tmp_path, {"MLFLOW_TRACKING_URI": "http:/oops"})
+    _one_line_exit_2(result, "MLFLOW_TRACKING_URI: 'http:/oops' names no host; write http://HOST:PORT")
+
+
+def test_tracking_uris_mlflow_can_open_pass(tmp_path) -> None:
+    from tasks.preflight import check_tracking_uri
+
+    for uri in (
+        f"sqlite:///{tmp_path}/mlflow.db",
+        "postgresql+psycopg2://u:p@127.0.0.1:5432/mlflow",
+        "mysql://h/db",
+        "http://127.0.0.1:5000",
+        "https://mlflow.example",
+        str(tmp_path / "mlruns"),
+        f"file://{tmp_path}/mlruns",
+        "databricks",
+    ):
+        check_tracking_uri(uri)
+    with pytest.raises(PreflightError) as caught:
+        check_tracking_uri("htp:/oops")
+    assert caught.value.setting == "tracking_uri"
+
+
+def test_an_hf_tokenizer_that_is_not_there_exits_2_in_seconds(tmp_path) -> None:
+    """`tokenize --tokenizers hf:ID` and an audit config naming it, neither cached nor
+    reachable: one line, exit 2, in seconds, the same check as `stream --tokenizer` (before:
+    48 s of hub retries; the audit ran every stage before failing)."""
+    needle = "'hf:doesnotexist' is not in the local Hugging Face cache"
+    result, took_s = _cli(
+        ["tokenize", "--tokenizers", "cl100k_base,hf:doesnotexist", "--no-track"],
+        tmp_path,
+        _offline_hub(tmp_path),
+    )
+    line = _one_line_exit_2(result, needle)
+    assert line.startswith("error: --tokenizers: 'hf:doesnotexist'"), line
+    assert took_s < 30
+    result, took_s = _cli(
+        ["tokenize", "--tokenizers", "model", "--model", "hf:doesnotexist", "--no-track"],
+        tmp_path,
+        _offline_hub(tmp_path),
+    )
+    assert _one_line_exit_2(result, needle).startswith("error: --model: 'hf:doesnotexist'")
+    config = tmp_path / "audit.yaml"
+    config.write_text("tokenize:\n  tokenizers: [model, hf:doesnotexist]\n", encoding="utf-8")
+    result, took_s = _cli(["audit", "--config", str(config), "--no-track"], tmp_path, _offline_hub(tmp_path))
+    assert _one_line_exit_2(result, needle).startswith("error: tokenize.tokenizers: 'hf:doesnotexist'")
+    assert took_s < 30
+    config.write_text("profile:\n  model: hf:doesnotexist\n", encoding="utf-8")
+    result, took_s = _cli(["audit", "--config", str(config), "--no-track"], tmp_path, _offline_hub(tmp_path))
+    assert _one_line_exit_2(result, needle).startswith("error: profile.model: 'hf:doesnotexist'")
+    assert took_s < 30

@@ -13,7 +13,9 @@ from flows.commands.common import (
     NoTrackOption,
     apply_overrides,
     check_embedded_engine,
+    check_hf_model,
     check_remote_endpoint,
+    check_tokenizer_sources,
     fail_input,
     load_or_fail,
     preflight,
@@ -55,6 +57,12 @@ def command(
         },
     )
     preflight(track=not no_track)
+    if cfg.profile.enabled:
+        check_hf_model(cfg.profile.model, "profile.model")
+    if cfg.tokenize.enabled:  # before any stage: not after the hub's retries and the whole audit
+        check_tokenizer_sources(
+            cfg.tokenize.tokenizers, cfg.profile.model, "tokenize.tokenizers", "profile.model"
+        )
     if cfg.stream.enabled or cfg.sweep.enabled:
         check_embedded_engine(cfg)
         check_remote_endpoint(cfg)

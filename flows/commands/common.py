@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
@@ -25,13 +26,16 @@ T = TypeVar("T")
 #: The options every flow command takes, declared once (typer reads the Annotated metadata).
 
 
-def _json_path(path: Path | None) -> Path | None:
-    check_json_path(path)  # at parse time: before any model load, server start or request
+def output_path(param: typer.CallbackParam, path: Path | None) -> Path | None:
+    """The callback of an option that names a file to write (``--json``, compare's ``--csv``
+    and ``--plot``): :func:`check_output_path` at parse time, before any model load, server
+    start, request or tracking-store read."""
+    check_output_path(param.opts[0] if param.opts else f"--{param.name}", path)
     return path
 
 
 JsonOption = Annotated[
-    Optional[Path], typer.Option("--json", help="Write the result here.", callback=_json_path)
+    Optional[Path], typer.Option("--json", help="Write the result here.", callback=output_path)
 ]
 NoTrackOption = Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")]
 
@@ -165,19 +169,39 @@ def check_hf_model(spec: str, name: str) -> None:
         fail_input(f"{name}: {exc.message}")
 
 
-def preflight(track: bool) -> None:
+def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, model_setting: str) -> None:
+    """The ``hf:`` tokenizers a tokenize stage would load (and ``model_spec`` for ``model``),
+    checked as :func:`check_hf_model` checks a model (``tasks.preflight.check_tokenizers``):
+    one line naming ``setting`` or ``model_setting``, exit 2, in seconds."""
+    from tasks.preflight import PreflightError, check_tokenizers
+
+    try:
+        check_tokenizers(names, model_spec, setting, model_setting)
+    except PreflightError as exc:
+        fail_input(exc.line())
+
+
+def preflight(track: bool, prefect: bool = True) -> None:
     """Fail fast, with one line naming the URL, when a configured server does not answer:
-    the MLflow tracking server (when tracking) and the Prefect API (when PREFECT_API_URL is
-    set). Without this a dead server costs minutes of client retries and a stack trace."""
-    import os
+    the MLflow tracking server (when tracking; first, a ``MLFLOW_TRACKING_URI`` MLflow cannot
+    open: ``tasks.preflight.check_tracking_uri``) and the Prefect API (when ``prefect`` and
+    PREFECT_API_URL is set; ``compare`` runs no flow). Without this a dead server costs
+    minutes of client retries and a stack trace."""
     import urllib.error
     import urllib.request
 
+    from tasks.preflight import PreflightError, check_tracking_server, check_tracking_uri
+
     checks = []
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
+    if track and tracking_uri:
+        try:
+            check_tracking_uri(tracking_uri)
+        except PreflightError as exc:
+            fail_input(f"MLFLOW_TRACKING_URI: {exc.message}")
     if track and tracking_uri.startswith("http"):
         checks.append(("MLflow tracking server", tracking_uri.rstrip("/") + "/health", "MLFLOW_TRACKING_URI"))
-    prefect_api = os.environ.get("PREFECT_API_URL")
+    prefect_api = os.environ.get("PREFECT_API_URL") if prefect else None
     if prefect_api:
         checks.append(("Prefect API", prefect_api.rstrip("/") + "/health", "PREFECT_API_URL"))
     for what, url, variable in checks:
@@ -188,8 +212,6 @@ def preflight(track: bool) -> None:
             reason = getattr(exc, "reason", exc)
             fail_input(f"{what} at {url} does not answer ({reason}); start it or unset {variable}")
     if track and tracking_uri.startswith("http"):  # it answers: can it reach its database?
-        from tasks.preflight import PreflightError, check_tracking_server
-
         try:
             check_tracking_server(tracking_uri)
         except PreflightError as exc:
@@ -268,19 +290,34 @@ def closing_lines(code: Any) -> Any:
     return 1 if _CLOSING and code in (0, None) else code
 
 
-def check_json_path(path: Path | None) -> None:
-    """Exit 2 when ``--json PATH`` could not be written after the run: PATH is a folder, or a
-    file stands where one of its folders would be made, or its folder is not writable."""
+def check_output_path(option: str, path: Path | None) -> None:
+    """Exit 2 (one line naming ``option``) when PATH could not be written after the run: PATH
+    is a folder, a file stands where one of its folders would be made, or no file can be made
+    there (tried: a file is opened for appending, or created and removed, or a folder is made
+    and removed where the missing folders would go; so a read-only folder, ``/proc`` or a name
+    too long fail here, as root too)."""
     if path is None:
         return
     if path.is_dir():
-        fail_input(f"--json {path}: is a folder; give a file path such as {path / 'result.json'}")
+        example = {"--csv": "table.csv", "--plot": "plot.png"}.get(option, "result.json")
+        fail_input(f"{option} {path}: is a folder; give a file path such as {path / example}")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir():
-                fail_input(f"--json {path}: {parent} is a file, not a folder; choose another path")
-            if not os.access(parent, os.W_OK | os.X_OK):
-                fail_input(f"--json {path}: cannot write in {parent}; choose another path")
+                fail_input(f"{option} {path}: {parent} is a file, not a folder; choose another path")
+            try:
+                if path.exists():
+                    with open(path, "a"):
+                        pass
+                elif parent == path.parent:
+                    with open(path, "x"):
+                        pass
+                    path.unlink()
+                else:
+                    Path(tempfile.mkdtemp(dir=parent)).rmdir()
+            except OSError as exc:
+                reason = exc.strerror or type(exc).__name__
+                fail_input(f"{option} {path}: cannot write a file there ({reason}); choose another path")
             break
 
 

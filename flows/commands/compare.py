@@ -11,7 +11,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from flows.commands.common import fail_input, parse_list, write_json
+from flows.commands.common import fail_input, output_path, parse_list, preflight, write_json
 from flows.commands.tables import console, fmt_value, make_table
 from tasks.report.compare import comparison_frame, markdown_table, plot_metric
 
@@ -30,10 +30,14 @@ def command(
     metrics: Annotated[
         Optional[str], typer.Option(help="Comma-separated metrics (default: headline).")
     ] = None,
-    csv: Annotated[Optional[Path], typer.Option(help="Write the table as CSV.")] = None,
+    csv: Annotated[Optional[Path], typer.Option(help="Write the table as CSV.", callback=output_path)] = None,
     markdown: Annotated[bool, typer.Option("--markdown", help="Print a markdown table.")] = False,
-    plot: Annotated[Optional[Path], typer.Option(help="PNG of the first metric across runs.")] = None,
-    json_path: Annotated[Optional[Path], typer.Option("--json", help="Write the rows as JSON.")] = None,
+    plot: Annotated[
+        Optional[Path], typer.Option(help="PNG of the first metric across runs.", callback=output_path)
+    ] = None,
+    json_path: Annotated[
+        Optional[Path], typer.Option("--json", help="Write the rows as JSON.", callback=output_path)
+    ] = None,
 ) -> None:
     """Compare runs: params and headline metrics, with changes against the first run."""
     from tasks.tracking import Tracker
@@ -41,6 +45,7 @@ def command(
     chosen = parse_list("--metrics", metrics, str)
     if max_runs < 1:
         fail_input("--max-runs: must be >= 1")
+    preflight(track=True, prefect=False)  # a dead tracking server: one line in seconds, not minutes
     tracker = Tracker(experiment)
     try:
         if run_ids:
@@ -66,6 +71,7 @@ def command(
             )
     frame = comparison_frame(runs, chosen)
     if csv:
+        csv.parent.mkdir(parents=True, exist_ok=True)
         frame.write_csv(csv)
     if plot:
         metric = (chosen or [c for c in frame.columns if c.endswith("_change_pct")][:1] or [""])[0]

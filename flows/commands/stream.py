@@ -43,7 +43,7 @@ def load_stream_config(path: Path | None) -> StreamFlowConfig:
 
         try:
             data = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError:
+        except (yaml.YAMLError, UnicodeDecodeError):  # load_or_fail below names what is wrong
             data = None
         if isinstance(data, dict) and set(data) - set(StreamFlowConfig.model_fields):
             audit = load_or_fail(path, AuditConfig)

@@ -8,20 +8,20 @@ table row per text x tokenizer.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-import yaml
 from rich.text import Text
 
 from flows.commands.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
+    check_tokenizer_sources,
     fail_input,
     parse_list,
+    preflight,
     run_flow,
     write_json,
 )
@@ -33,23 +33,15 @@ DEFAULT_TOKENIZERS = "model,cl100k_base,qwen"
 
 
 def read_prompts(path: Path) -> list[str]:
-    """Prompts from a file: a YAML/JSON list of strings (.yaml, .yml, .json), else one prompt
-    per non-empty line. Exits 2 naming --prompts when the file is missing or not a list."""
-    if not path.is_file():
-        fail_input(f"--prompts: file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix.lower() in {".yaml", ".yml", ".json"}:
-        try:
-            data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-        except (ValueError, yaml.YAMLError):
-            fail_input(f"--prompts: {path} is not valid {path.suffix[1:].upper()}")
-        if not (isinstance(data, list) and data and all(isinstance(x, str) for x in data)):
-            fail_input(f"--prompts: {path} must hold a non-empty list of strings")
-        return data
-    prompts = [line for line in text.splitlines() if line.strip()]
-    if not prompts:
-        fail_input(f"--prompts: {path} holds no prompt (one per line)")
-    return prompts
+    """Prompts from a ``--prompts`` file, as ``stream --prompts`` reads them
+    (:func:`tasks.stream.prompts.read_prompts_file`: a YAML/JSON list, JSONL, or one prompt per
+    line). Exits 2 with one line naming --prompts, the file and (JSONL, not UTF-8) the line."""
+    from tasks.stream.prompts import PromptsError, read_prompts_file
+
+    try:
+        return read_prompts_file(path)
+    except PromptsError as exc:
+        fail_input(str(exc))
 
 
 def command(
@@ -57,7 +49,8 @@ def command(
         Optional[list[str]], typer.Option("--text", help="A text to tokenize (repeat for more).")
     ] = None,
     prompts: Annotated[
-        Optional[Path], typer.Option(help="File of prompts: one per line, or a YAML/JSON list.")
+        Optional[Path],
+        typer.Option(help="File of prompts: one per line, a YAML/JSON list, or .jsonl with 'prompt'."),
     ] = None,
     tokenizers_opt: Annotated[
         str,
@@ -84,6 +77,8 @@ def command(
             "tokenizers": names,
         },
     )
+    preflight(track=not no_track)  # a tracking URI that cannot work: before the tokenizers load
+    check_tokenizer_sources(section.tokenizers, model, "--tokenizers", "--model")  # hf: in seconds
     try:  # load (and verify) every tokenizer before any run starts: bad data exits 2
         for name in section.tokenizers:
             tokenizers.load(name, model)

@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from tasks.config.flows import AuditConfig
+from tasks.textfile import read_utf8
 
 
 class ConfigError(ValueError):
@@ -59,9 +60,10 @@ def load_config(path: str | Path | None = None, model: type[BaseModel] = AuditCo
     """Read and validate a YAML config (None = the built-in defaults).
 
     Raises:
-        ConfigError: the file is missing, empty (or whitespace / comments only), is not a YAML mapping,
-            or a field is invalid (an unknown key with the closest valid one); the
-            message is one line that names the file and the field.
+        ConfigError: the file is missing, not UTF-8 (naming the byte offset and line), empty
+            (or whitespace / comments only), is not a YAML mapping, or a field is invalid (an
+            unknown key with the closest valid one); the message is one line that names the
+            file and the field.
     """
     if path is None:
         return model()
@@ -69,7 +71,7 @@ def load_config(path: str | Path | None = None, model: type[BaseModel] = AuditCo
     if not path.is_file():
         raise ConfigError(f"config: file not found: {path}")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_utf8(path, ConfigError))
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {str(exc).splitlines()[0]}") from None
     if data is None:

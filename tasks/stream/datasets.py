@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tasks.stream.prompts import stage_prompts, synthetic_prompts
+from tasks.textfile import read_utf8
 
 #: vLLM's ShareGPT filter (``is_valid_sequence`` defaults): min tokens of prompt and output,
 #: the longest prompt and the longest prompt + output.
@@ -102,8 +103,8 @@ def _bad(path: Path, row: int, what: str, fix: str, unit: str = "row") -> Datase
 def _sharegpt_rows(path: Path) -> list[DatasetRow]:
     fix = 'each row is {"conversations": [{"from": "human", "value": ...}, {"from": "gpt", ...}]}'
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        data = json.loads(read_utf8(path, DatasetError, "--dataset"))
+    except json.JSONDecodeError as exc:
         raise DatasetError(
             f"--dataset: {path}: not valid JSON ({exc}); a ShareGPT file is a JSON list"
         ) from None
@@ -137,7 +138,7 @@ def _positive_int(value: Any) -> bool:
 def _jsonl_rows(path: Path) -> list[DatasetRow]:
     fix = 'write {"prompt": "...", "output_len": 128} or {"input_len": 512, "output_len": 128}'
     rows = []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    for number, line in enumerate(read_utf8(path, DatasetError, "--dataset").splitlines(), start=1):
         if not line.strip():
             continue
         try:

@@ -16,6 +16,10 @@ import random
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from tasks.textfile import read_utf8
+
 if TYPE_CHECKING:
     from tasks.config import StreamConfig
 
@@ -25,45 +29,58 @@ class PromptsError(ValueError):
 
 
 def read_prompts_file(path: str | Path) -> list[str]:
-    """Prompts from a file: ``.json`` (a list of strings), ``.jsonl`` (one object per line with a
-    ``prompt`` key, or one JSON string per line), else plain text with one prompt per non-empty
-    line.
+    """Prompts from a file (``--prompts`` of ``stream`` and ``tokenize``): ``.json`` (a list of
+    strings), ``.yaml`` / ``.yml`` (a YAML list of strings), ``.jsonl`` (one object per line
+    with a ``prompt`` key, or one JSON string per line), else plain text with one prompt per
+    non-empty line. The file is read as UTF-8.
 
     Raises:
-        PromptsError: the file is missing, unreadable, malformed or holds no prompt.
+        PromptsError: the file is missing, not UTF-8 (naming the byte offset and line),
+            malformed (a JSONL file: naming the line) or holds no prompt.
     """
     path = Path(path)
     if not path.is_file():
         raise PromptsError(f"--prompts: file not found: {path}")
-    text = path.read_text(encoding="utf-8")
-    try:
-        if path.suffix == ".json":
-            data = json.loads(text)
-            if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
-                raise PromptsError(f"--prompts: {path} must hold a JSON list of strings")
-            prompts = data
-        elif path.suffix == ".jsonl":
-            prompts = []
-            for number, line in enumerate(text.splitlines(), start=1):
-                if not line.strip():
-                    continue
+    text = read_utf8(path, PromptsError, "--prompts")
+    suffix = path.suffix.lower()
+    how = {
+        ".json": "a JSON list of non-empty strings",
+        ".yaml": "a YAML list of non-empty strings",
+        ".yml": "a YAML list of non-empty strings",
+        ".jsonl": 'one JSON string or {"prompt": ...} object per line',
+    }.get(suffix, "one prompt per line")
+    if suffix in (".json", ".yaml", ".yml"):
+        try:
+            data = json.loads(text) if suffix == ".json" else yaml.safe_load(text)
+        except (json.JSONDecodeError, yaml.YAMLError) as exc:
+            said = exc.msg if isinstance(exc, json.JSONDecodeError) else str(exc).splitlines()[0]
+            raise PromptsError(
+                f"--prompts: {path}: not valid {suffix[1:].upper()} ({said}); write {how}"
+            ) from None
+        if not isinstance(data, list) or not all(isinstance(p, str) for p in data):
+            raise PromptsError(f"--prompts: {path} must hold {how}")
+        prompts = data
+    elif suffix == ".jsonl":
+        prompts = []
+        for number, line in enumerate(text.splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
                 item = json.loads(line)
-                value = item.get("prompt") if isinstance(item, dict) else item
-                if not isinstance(value, str):
-                    raise PromptsError(
-                        f"--prompts: {path}:{number}: expected a string or an object with a 'prompt' string"
-                    )
-                prompts.append(value)
-        else:
-            prompts = [line for line in text.splitlines() if line.strip()]
-    except json.JSONDecodeError as exc:
-        raise PromptsError(f"--prompts: {path}: not valid JSON ({exc.msg})") from None
+            except json.JSONDecodeError as exc:
+                raise PromptsError(
+                    f"--prompts: {path}: line {number}: not valid JSON ({exc.msg}); write {how}"
+                ) from None
+            value = item.get("prompt") if isinstance(item, dict) else item
+            if not isinstance(value, str):
+                raise PromptsError(
+                    f"--prompts: {path}: line {number}: expected a string or an object with a 'prompt' string"
+                )
+            prompts.append(value)
+    else:
+        prompts = text.splitlines()
     prompts = [p for p in prompts if p.strip()]
     if not prompts:
-        how = {
-            ".json": "a JSON list of non-empty strings",
-            ".jsonl": 'one JSON string or {"prompt": ...} object per line',
-        }.get(path.suffix, "one prompt per line")
         raise PromptsError(f"--prompts: {path} holds no prompt; write {how}")
     return prompts
 

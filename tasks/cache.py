@@ -13,13 +13,49 @@ Two sources, side by side (DESIGN.md, "Cached prompt tokens"):
   same requests' ``usage.prompt_tokens`` (the server's count, chat template included, the one
   its cache counts in; not the client's ``input_tokens``).
 
-Pure functions over scrapes (``tasks.stream.prometheus.parse`` dicts) and records; no I/O.
+Isolation: seeded prompts replayed against a long-lived server measure its cache, not the
+server (vLLM #54227: mean TTFT 49x lower). Before a level's measured requests the stream stage
+resets the cache where the server offers it (:func:`reset_prefix_cache`: vLLM's
+``POST /reset_prefix_cache``, in its development mode); where it does not, the random prompts'
+per-run salt keeps one run's prompts out of the next's cache. A reset is not a cold start (the
+allocator, CUDA graphs and warm pages stay): the records say which one a level had.
+
+Pure functions over scrapes (``tasks.stream.prometheus.parse`` dicts) and records, and one HTTP
+call (:func:`reset_prefix_cache`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+#: A warning is given when a level of a workload built to share nothing reads a hit rate at or
+#: above this (vLLM PR #53920 warns the same way).
+UNEXPECTED_HIT_RATE = 0.01
+
+
+def reset_prefix_cache(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
+    """Ask the server to empty its prefix cache: ``POST <root>/reset_prefix_cache`` (vLLM; the
+    route exists in its development mode, ``VLLM_SERVER_DEV_MODE=1``).
+
+    Returns None when the server said yes (HTTP 2xx), else why not, in a few words (``HTTP 404``,
+    ``connection refused``): a server without the route keeps its cache.
+    """
+    root = base_url.rstrip("/")
+    root = root[: -len("/v1")] if root.endswith("/v1") else root
+    request = urllib.request.Request(f"{root}/reset_prefix_cache", data=b"", method="POST")
+    if api_key:
+        request.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return None if 200 <= response.status < 300 else f"HTTP {response.status}"
+    except urllib.error.HTTPError as exc:
+        return f"HTTP {exc.code}"
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        return str(getattr(exc, "reason", exc))
+
 
 #: (hits, queries) counter names, newest first: vLLM V1, then vLLM V0's.
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
@@ -59,6 +95,34 @@ def cached_token_fraction(records: Iterable[Any]) -> float | None:
         cached += r.cached_tokens
         prompt += r.usage_prompt_tokens
     return cached / prompt if prompt else None
+
+
+def expected_cached_token_fraction(
+    requests: Iterable[Sequence[tuple[str, int]]], seen: set[str] | None = None
+) -> float | None:
+    """The share of the prompt tokens a perfect prefix cache (unbounded, never evicting) would
+    supply, from the workload's construction.
+
+    Args:
+        requests: each request's blocks in send order, ``((key, tokens), ...)``: requests that
+            share a key share that block's tokens (``tasks.workload.stage.StageWorkload.blocks``).
+        seen: the keys already in the cache when the level starts (empty after a reset; the
+            earlier levels' and the warm-up's blocks otherwise); updated in place.
+
+    A request's leading blocks already seen count as cached, up to the first block not seen: a
+    prefix cache reuses a prefix, never a block after one it missed. None for no prompt token.
+    """
+    seen = set() if seen is None else seen
+    cached = total = 0
+    for blocks in requests:
+        leading = True
+        for key, tokens in blocks:
+            total += tokens
+            leading = leading and key in seen
+            if leading:
+                cached += tokens
+        seen.update(key for key, _ in blocks)
+    return cached / total if total else None
 
 
 def level_figures(

@@ -30,6 +30,7 @@ from tasks.stream.load import arrival_offsets_s, level_grid, make_client, run_le
 from tasks.stream.prompts import PromptsError, read_prompts_file, synthetic_prompts
 from tasks.stream.records import RecordWriter, read_jsonl
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.workload.stage import StageWorkload
 
 try:
     from tests import groundtruth_server as gt
@@ -135,7 +136,7 @@ def test_settings_from_config_one_typed_level_each() -> None:
         burstiness=0.5,
         client_bound_tolerance_ms=3.0,
     )
-    levels = settings_from_config(cfg, endpoint, ["a", "b"], [3, 4])
+    levels = settings_from_config(cfg, endpoint, StageWorkload("prompts", ("a", "b"), (3, 4), None, (), 5, 0))
     assert [(s.level, s.max_concurrency, s.request_rate, s.seed) for s in levels] == [
         (0, 1, 2.0, 7),
         (1, 1, None, 8),
@@ -147,8 +148,10 @@ def test_settings_from_config_one_typed_level_each() -> None:
     assert (first.max_tokens, first.num_requests, first.warmup) == (12, 5, 2)
     assert first.sampling == {"temperature": 0.5} and first.extra_body == {"ignore_eos": True}
     assert first.ignore_eos and (first.burstiness, first.lag_tolerance_ms) == (0.5, 3.0)
-    assert first.api_key_env == "K"
-    plain = settings_from_config(StreamConfig(), endpoint, ["a"])[0]
+    assert first.api_key_env == "K" and first.reset_cache  # the prefix cache reset by default
+    plain = settings_from_config(
+        StreamConfig(), endpoint, StageWorkload("prompts", ("a",), None, None, (), 8, 0)
+    )[0]
     assert plain.extra_body is None and not plain.ignore_eos and plain.max_tokens == 64
 
 

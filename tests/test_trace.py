@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from tasks.cache import expected_cached_token_fraction
 from tasks.models import load_tokenizer
 from tasks.workload.trace import BLOCK_TOKENS, TraceError, build_trace, read_trace
 
@@ -44,7 +45,8 @@ def test_shared_blocks_are_the_same_tokens_and_the_schedule_is_kept(tmp_path, to
     assert trace.prompt_tokens == tuple(len(x) for x in ids)
     assert trace.prompt_tokens == tuple(r.input_length for r in rows)  # exact: stable tokens
     # a perfect cache reuses block 1 in the second request: 512 of 1400 prompt tokens
-    assert trace.expected_cached_token_fraction == pytest.approx(512 / 1400)
+    assert trace.blocks[1] == (("h5:1", 512), ("h5:3", 188))
+    assert expected_cached_token_fraction(trace.blocks) == pytest.approx(512 / 1400)
     # another salt, other tokens (a second run does not hit the first's cache)
     other = build_trace(rows, tokenizer, salt=6)
     assert other.prompts[0][:200] != trace.prompts[0][:200]
@@ -77,7 +79,7 @@ def test_plain_traces_need_no_hash_ids_and_bad_files_say_so(tmp_path, tokenizer)
     rows = read_trace(
         "trace", write(tmp_path / "p.jsonl", [{"timestamp": 0, "input_length": 20, "output_length": 2}])
     )
-    assert build_trace(rows, tokenizer).expected_cached_token_fraction == 0.0
+    assert expected_cached_token_fraction(build_trace(rows, tokenizer).blocks) == 0.0
     (tmp_path / "bin.jsonl").write_bytes(b'{"timestamp": 0}\n\xff\n')
     with pytest.raises(TraceError, match=r"not UTF-8 .* \(line 2\)"):
         read_trace("trace", tmp_path / "bin.jsonl")

@@ -110,7 +110,7 @@ def command(
     )
     if not cfg.stream.goodput:
         fail_input("--goodput: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
-    check_dataset(cfg, input_len)
+    check_dataset(cfg, input_len, allow_trace=False)
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 

@@ -158,7 +158,30 @@ def command(
     ] = None,
     dataset: Annotated[
         Optional[str],
-        typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH (prompt, output_len, input_len)."),
+        typer.Option(
+            help="Workload file: sharegpt:PATH, jsonl:PATH (prompt, output_len, input_len), or a trace "
+            "sent at its recorded times: mooncake:PATH (hash_ids shared) or trace:PATH."
+        ),
+    ] = None,
+    time_scale: Annotated[
+        Optional[float], typer.Option(help="A trace's speed: 2 = twice as fast as recorded.")
+    ] = None,
+    prefix_groups: Annotated[
+        Optional[int],
+        typer.Option(help="Shared-prefix workload: this many groups (with --prefix-len and --input-len)."),
+    ] = None,
+    prefix_len: Annotated[
+        Optional[int],
+        typer.Option(help="Tokens of each group's shared prefix (then --input-len of its own)."),
+    ] = None,
+    prefix_popularity: Annotated[
+        Optional[str], typer.Option(help="How requests pick a group: uniform (default) or zipf:S.")
+    ] = None,
+    keep_cache: Annotated[
+        bool, typer.Option("--keep-cache", help="Keep the server's prefix cache between levels (no reset).")
+    ] = False,
+    salt: Annotated[
+        Optional[int], typer.Option(help="Salt of the random prompt tokens (default: drawn per run).")
     ] = None,
     config: Annotated[
         Optional[Path],
@@ -204,10 +227,16 @@ def command(
             "duration_s": duration_s,
             "api": api,
             "dataset": dataset,
+            "time_scale": time_scale,
+            "prefix_groups": prefix_groups,
+            "prefix_len": prefix_len,
+            "prefix_popularity": prefix_popularity,
+            "keep_cache": keep_cache or None,
+            "salt": salt,
             "enabled": True,
         },
     )
-    check_dataset(cfg, prompt or prompts or input_len)
+    check_dataset(cfg, prompt or prompts or (input_len and not cfg.stream.prefix_groups))
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 

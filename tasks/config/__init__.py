@@ -5,7 +5,8 @@ Every model forbids unknown keys, so a typo in a YAML file is an error that name
 not a silently ignored setting. The flows take these models as their parameters, so Prefect
 renders them as a typed form.
 
-- :mod:`tasks.config.stages`: one model per stage, the endpoint and the embedded server.
+- :mod:`tasks.config.stages`: one model per stage, the endpoint and the embedded server;
+  :mod:`tasks.config.stream`: the stream stage's.
 - :mod:`tasks.config.flows`: what a flow run takes (audit, standalone flows), tracking and
   the regression verdict's settings.
 - :mod:`tasks.config.loading`: YAML -> model, and one-line error messages.
@@ -30,12 +31,12 @@ from tasks.config.stages import (
     EndpointConfig,
     ProfileConfig,
     ServerConfig,
-    StreamConfig,
     SweepConfig,
     SweepPointConfig,
     TokenizeConfig,
     TrackingConfig,
 )
+from tasks.config.stream import StreamConfig
 
 __all__ = [
     "DEFAULT_STREAM_PROMPTS",

@@ -13,12 +13,12 @@ from tasks.config.stages import (
     EndpointConfig,
     ProfileConfig,
     ServerConfig,
-    StreamConfig,
     SweepConfig,
     TokenizeConfig,
     TrackingConfig,
     _Strict,
 )
+from tasks.config.stream import StreamConfig
 
 
 class RegressionConfig(_Strict):

@@ -241,6 +241,18 @@ REGISTRY: tuple[Metric, ...] = (
         "lower",
     ),
     Metric(
+        "expected_cached_token_fraction",
+        "fraction",
+        "stream",
+        "Prompt tokens a perfect prefix cache would supply, from the workload's construction.",
+    ),
+    Metric(
+        "prefix_cache_reset",
+        "0/1",
+        "stream",
+        "1: the server's prefix cache was reset before the level's measured requests; 0: refused.",
+    ),
+    Metric(
         "num_decode_unobserved",
         "count",
         "stream",

@@ -17,11 +17,11 @@ from tasks.pipeline.common import STAGE, _token_counter, stage_logger
 from tasks.report import plots as plots_module
 from tasks.report.capacity_plot import capacity_plot
 from tasks.stream.capacity import CapacityLevel, search_capacity
-from tasks.stream.datasets import stage_workload
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget
+from tasks.workload.stage import run_salt, stage_workload
 
 
 @task(name="capacity", **STAGE)
@@ -49,9 +49,9 @@ def capacity_stage(
     connection = Connection.of(endpoint, cfg.arrival_clock)
     tracker = target.open()
     tokenizer = load_tokenizer(endpoint.tokenizer)
-    prompts, prompt_tokens, output_lens = stage_workload(cfg, tokenizer)
+    workload = stage_workload(cfg, tokenizer, salt=run_salt(cfg))
     single = cfg.model_copy(update={"max_concurrency": [1], "request_rate": [None]})
-    base = settings_from_config(single, endpoint, prompts, prompt_tokens, output_lens)[0]
+    base = settings_from_config(single, endpoint, workload)[0]
     workdir_path = Path(workdir)
     counter, done, numbers = _token_counter(tokenizer), [], itertools.count()
     logger = stage_logger("capacity")

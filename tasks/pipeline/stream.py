@@ -14,11 +14,11 @@ from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.report import plots as plots_module
-from tasks.stream.datasets import stage_workload
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
+from tasks.workload.stage import run_salt, stage_workload
 
 STREAM_HEADLINE = metrics.headline("stream")
 
@@ -47,12 +47,17 @@ def stream_stage(
     connection = Connection.of(endpoint, cfg.arrival_clock)
     with StageRun(target, "stream", parent_run_id, endpoint.identity()) as run:
         tokenizer = load_tokenizer(endpoint.tokenizer)
-        prompts, prompt_tokens, output_lens = stage_workload(cfg, tokenizer)
+        workload = stage_workload(cfg, tokenizer, salt=run_salt(cfg))
         workdir_path = Path(workdir)
         journal = workdir_path / "requests.jsonl"
         run.keep(journal)
         plots: list[Path] = []
-        run.tracker.log_params(run.run_id, flatten_params(cfg.model_dump(mode="json")))
+        run.tracker.log_params(
+            run.run_id,
+            {**flatten_params(cfg.model_dump(mode="json")), **workload.params()},
+        )
+        if workload.source:  # the file the requests came from, beside their records
+            run.tracker.log_artifact(run.run_id, Path(workload.source), "workload")
 
         def log_level(level: Level) -> None:
             """The level's child run: params, metrics, latency histograms."""
@@ -88,7 +93,7 @@ def stream_stage(
         with RecordWriter(journal) as writer:
             done = run_levels(
                 connection,
-                settings_from_config(cfg, endpoint, prompts, prompt_tokens, output_lens),
+                settings_from_config(cfg, endpoint, workload),
                 count_tokens=_token_counter(tokenizer),
                 goodput=cfg.goodput,
                 client_processes=cfg.client_processes,

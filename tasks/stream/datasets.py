@@ -90,7 +90,9 @@ def parse_spec(spec: str) -> tuple[str, Path]:
     """
     kind, sep, path = spec.partition(":")
     if not sep or kind not in KINDS or not path:
-        raise DatasetError(f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH or jsonl:PATH")
+        raise DatasetError(
+            f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH, jsonl:PATH, mooncake:PATH or trace:PATH"
+        )
     if not Path(path).is_file():
         raise DatasetError(f"--dataset: file not found: {path}")
     return kind, Path(path)

@@ -111,8 +111,11 @@ def run_levels(
     logger = logger or _LOG
     done: list[Level] = []
     said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
+    cached = _CacheState()  # what a perfect prefix cache holds, across the levels
     for settings in levels:
-        level = _run_one(connection, settings, count_tokens, goodput, client_processes, on_record, logger)
+        level = _run_one(
+            connection, settings, count_tokens, goodput, client_processes, on_record, logger, cached
+        )
         fallback = quality.fallback_message(settings.level, level.records)
         if fallback:  # some records could not use the kernel's stamps: which, and why
             logger.warning("%s", fallback)
@@ -140,11 +143,18 @@ def _run_one(
     client_processes: int | None,
     on_record: Callable[[RequestRecord], None] | None,
     logger: logging.Logger | logging.LoggerAdapter,
+    cached: _CacheState,
 ) -> Level:
-    """One level of :func:`run_levels`: scrape, run, scrape, aggregate and check."""
+    """One level of :func:`run_levels`: reset the prefix cache, scrape, run, scrape, aggregate
+    and check."""
     scrapes: dict[str, dict[str, float] | None] = {}
+    refused: list[str] = []
 
     def scrape_before() -> None:  # after the warm-up, nothing in flight
+        if settings.reset_cache:
+            why = cache.reset_prefix_cache(connection.base_url, connection.api_key)
+            if why is not None:
+                refused.append(why)
         scrapes["before"] = prometheus.scrape(connection.base_url, connection.api_key)
 
     # always in client processes, one at the least: the measuring loop gets a process with
@@ -162,7 +172,68 @@ def _run_one(
     before = scrapes.get("before")
     after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
     metrics = _level_metrics(result, before, after, settings, goodput, logger)
+    reset = settings.reset_cache and not refused
+    metrics.update(cached.level(result, settings, reset))
+    if settings.reset_cache and refused and not cached.said_no_reset:
+        cached.said_no_reset = True
+        logger.warning(
+            "the server offers no prefix-cache reset (%s at /reset_prefix_cache): its cache is kept "
+            "between levels; random prompts are salted per run, so another run does not reuse them",
+            refused[0],
+        )
+    _warn_cache(metrics, settings.level, logger)
     return Level(settings, metrics, tuple(result.records), result.wall_s)
+
+
+class _CacheState:
+    """The blocks a perfect prefix cache holds during a run of levels (for each level's expected
+    share, ``tasks.cache.expected_cached_token_fraction``), and whether the missing reset was
+    said."""
+
+    def __init__(self) -> None:
+        self.seen: set[str] = set()
+        self.said_no_reset = False
+
+    def level(self, result: LevelResult, settings: LevelSettings, reset: bool) -> dict[str, Any]:
+        """``prefix_cache_reset`` (1 reset before the measured requests, 0 asked but refused,
+        None not asked) and ``expected_cached_token_fraction`` of the level's measured requests
+        in send order (None without the workload's blocks)."""
+        blocks = settings.prompt_blocks
+        out: dict[str, Any] = {"prefix_cache_reset": int(reset) if settings.reset_cache else None}
+        if not blocks:
+            return out | {"expected_cached_token_fraction": None}
+        for r in result.records:  # the warm-up went first: in the cache unless it was reset
+            if r.warmup:
+                self.seen.update(key for key, _ in blocks[settings.prompt_index(r.request_id) % len(blocks)])
+        if reset:
+            self.seen.clear()
+        order = sorted(result.measured, key=lambda r: r.send_ns)
+        expected = cache.expected_cached_token_fraction(
+            (blocks[settings.prompt_index(r.request_id) % len(blocks)] for r in order), self.seen
+        )
+        return out | {"expected_cached_token_fraction": expected}
+
+
+def _warn_cache(
+    metrics: Mapping[str, Any], index: int, logger: logging.Logger | logging.LoggerAdapter
+) -> None:
+    """A level of a workload built to share nothing that found its prompts in the server's
+    cache: its TTFT describes the cache, not the server (vLLM PR #53920)."""
+    if metrics.get("expected_cached_token_fraction") != 0.0:
+        return
+    for name in ("prefix_cache_hit_rate", "cached_token_fraction"):
+        value = metrics.get(name)
+        if value is not None and value >= cache.UNEXPECTED_HIT_RATE:
+            logger.warning(
+                "level %d shares nothing by construction, but %s = %.1f %% (>= %g %%): the server "
+                "had these prompts cached, so its TTFT describes the cache (reset it between runs, "
+                "or let infermeter salt the prompts: no fixed --salt)",
+                index,
+                name,
+                100 * value,
+                100 * cache.UNEXPECTED_HIT_RATE,
+            )
+            return
 
 
 def _level_metrics(

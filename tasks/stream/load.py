@@ -157,6 +157,8 @@ async def run_level(
 
     def keep(record: RequestRecord) -> RequestRecord:
         record.request_rate = s.request_rate
+        if s.prompt_groups:
+            record.prefix_group = s.prompt_groups[s.prompt_index(record.request_id) % len(s.prompt_groups)]
         if on_record is not None:
             on_record(record)
         return record

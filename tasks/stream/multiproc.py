@@ -119,13 +119,6 @@ def _child(
         out.put(("failed", f"client process {k}: {type(exc).__name__}: {exc}"))
 
 
-def _rotated(values: tuple, turn: int) -> tuple:
-    """``values`` starting at index ``turn % len`` (the measured requests continue the
-    round-robin after the warm-up's, as ``run_level`` does in one process)."""
-    t = turn % len(values)
-    return values[t:] + values[:t]
-
-
 def run_level_processes(
     processes: int,
     connection: Connection,
@@ -160,16 +153,8 @@ def run_level_processes(
     # concurrency.
     warmup = replace(settings, num_requests=0) if settings.warmup else None
     # Each process: its share of the concurrency, no warm-up of its own, the prompts (and
-    # their counts) continuing after the warm-up's.
-    counts = settings.prompt_tokens
-    share = replace(
-        settings,
-        warmup=0,
-        prompts=_rotated(settings.prompts, settings.warmup),
-        prompt_tokens=_rotated(counts, settings.warmup) if counts else None,
-        # a dataset's per-request output lengths belong to their prompts: rotated alike
-        output_lens=_rotated(settings.output_lens, settings.warmup) if settings.output_lens else None,
-    )
+    # everything that belongs to them) continuing after the warm-up's.
+    share = settings.after_warmup()
     ctx = mp.get_context("spawn")
     out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     children = []
@@ -218,6 +203,14 @@ def run_level_processes(
                 last_done_ns = max(last_done_ns, payload["last_done_ns"])
             else:
                 raise RuntimeError(payload)
+    except BaseException:
+        # interrupted (Ctrl-C, SIGTERM) or failed: the shares still sending are not wanted.
+        # Before, the join below waited its 10 s for each of them (a SIGTERM to the command
+        # alone reaches only this process: its exit took 16 s, 10 of them here).
+        for child in children:
+            if child.is_alive():
+                child.terminate()
+        raise
     finally:
         go.set()
         for child in children:

@@ -82,7 +82,10 @@ class RequestRecord:
             pooled connection was reused or the transport does not say.
         request_sent_ms: send to the request's last byte handed to the kernel; None unknown.
         send_lateness_ms: actual send minus the arrival the schedule drew for it (a finite
-            request rate; the wait for a concurrency slot included); None otherwise.
+            request rate or a trace's recorded time; the wait for a concurrency slot included);
+            None otherwise.
+        prefix_group: the shared-prefix group of the request's prompt
+            (``tasks.workload.prefix``); None for other workloads and warm-ups.
     """
 
     request_id: str
@@ -116,6 +119,7 @@ class RequestRecord:
     connect_ms: float | None = None
     request_sent_ms: float | None = None
     send_lateness_ms: float | None = None
+    prefix_group: int | None = None
 
     @property
     def decode_unobserved(self) -> str | None:
@@ -173,6 +177,7 @@ class RequestRecord:
             "connect_ms": self.connect_ms,
             "request_sent_ms": self.request_sent_ms,
             "send_lateness_ms": self.send_lateness_ms,
+            "prefix_group": self.prefix_group,
         }
 
     @classmethod
@@ -301,6 +306,7 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "connect_ms": pl.Float64(),
     "request_sent_ms": pl.Float64(),
     "send_lateness_ms": pl.Float64(),
+    "prefix_group": pl.Int64(),
     "succeeded": pl.Boolean(),
 }
 

@@ -54,6 +54,12 @@ class LevelSettings:
         schedule_s: a recorded schedule instead of a rate: measured request ``i`` is sent
             ``schedule_s[i]`` seconds after the first (a trace replayed,
             ``tasks.workload.trace``); ``num_requests`` at most its length. None: the rate's.
+        prompt_blocks: each prompt's blocks ``((key, tokens), ...)`` (parallel to ``prompts``;
+            ``tasks.workload.stage.StageWorkload.blocks``), for the expected prefix-cache share;
+            None: not known.
+        prompt_groups: each prompt's shared-prefix group (recorded as ``prefix_group``), or None.
+        reset_cache: reset the server's prefix cache before the measured requests (where it
+            offers a reset: ``tasks.cache.reset_prefix_cache``).
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
     them as read-only.
@@ -79,6 +85,9 @@ class LevelSettings:
     api: str = "chat"
     output_lens: tuple[int | None, ...] | None = None
     schedule_s: tuple[float, ...] | None = None
+    prompt_blocks: tuple[tuple[tuple[str, int], ...], ...] | None = None
+    prompt_groups: tuple[int | None, ...] | None = None
+    reset_cache: bool = False
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -88,6 +97,21 @@ class LevelSettings:
             object.__setattr__(self, "output_lens", tuple(self.output_lens))
         if self.schedule_s is not None:
             object.__setattr__(self, "schedule_s", tuple(self.schedule_s))
+
+    #: The fields that hold one entry per prompt (parallel to ``prompts``).
+    PER_PROMPT = ("prompts", "prompt_tokens", "output_lens", "prompt_blocks", "prompt_groups")
+
+    def after_warmup(self) -> LevelSettings:
+        """These settings with no warm-up and every per-prompt field (:attr:`PER_PROMPT`)
+        rotated to start where the measured requests start (``tasks.stream.multiproc``: each
+        client process sends its share of the measured requests; the warm-up runs apart)."""
+        rotated = {}
+        for name in self.PER_PROMPT:
+            values = getattr(self, name)
+            if values:
+                turn = self.warmup % len(values)
+                rotated[name] = values[turn:] + values[:turn]
+        return replace(self, warmup=0, **rotated)
 
     def max_tokens_at(self, index: int) -> int:
         """``max_tokens`` of the request on prompt ``index`` (round-robin, as the prompts)."""
@@ -153,38 +177,39 @@ def level_settings(
     ]
 
 
-def settings_from_config(
-    cfg: StreamConfig,
-    endpoint: Endpoint,
-    prompts: Sequence[str],
-    prompt_tokens: Sequence[int | None] | None = None,
-    output_lens: Sequence[int | None] | None = None,
-) -> list[LevelSettings]:
+def settings_from_config(cfg: StreamConfig, endpoint: Endpoint, workload: Any) -> list[LevelSettings]:
     """The stream stage's levels: ``cfg.max_concurrency`` x ``cfg.request_rate``.
 
-    ``output_lens``: a dataset's ``max_tokens`` per prompt (``tasks.stream.datasets``); with
-    them ``ignore_eos`` is sent, so each request produces its row's length.
+    ``workload`` (a ``tasks.workload.stage.StageWorkload``; not imported: the workload is a
+    sibling that must not import back): the prompts and their token counts,
+    per-request output lengths (then ``ignore_eos`` is sent, so each request produces its row's
+    length), blocks and groups, and a trace's schedule and request count.
 
     ``max_tokens`` is ``cfg.output_len`` when set (then ``ignore_eos`` is sent, as with
-    ``cfg.ignore_eos``), else ``cfg.max_tokens``; sampling is ``cfg.temperature``; the prompts
-    (and their token counts, for synthetic ones) come from ``tasks.stream.prompts``.
+    ``cfg.ignore_eos``), else ``cfg.max_tokens``; sampling is ``cfg.temperature``; the prefix
+    cache is reset before each level's measured requests unless ``cfg.keep_cache``.
     """
+    lens = workload.output_lens
     base = LevelSettings(
         model=endpoint.model,
-        prompts=tuple(prompts),
+        prompts=tuple(workload.prompts),
         max_tokens=cfg.output_len or cfg.max_tokens,
-        num_requests=cfg.num_requests,
+        num_requests=workload.num_requests,
         warmup=cfg.warmup,
-        prompt_tokens=None if prompt_tokens is None else tuple(prompt_tokens),
+        prompt_tokens=workload.prompt_tokens,
         burstiness=cfg.burstiness,
         seed=cfg.seed,
         sampling={"temperature": cfg.temperature},
-        extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len or output_lens) else None,
+        extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len or lens) else None,
         api_key_env=endpoint.api_key_env,
         lag_tolerance_ms=cfg.client_bound_tolerance_ms,
         coalesced_tolerance=cfg.client_bound_coalesced_fraction,
         duration_s=cfg.duration_s,
         api=cfg.api,
-        output_lens=None if not output_lens else tuple(output_lens),
+        output_lens=lens or None,
+        schedule_s=workload.schedule_s,
+        prompt_blocks=workload.blocks,
+        prompt_groups=workload.groups,
+        reset_cache=not cfg.keep_cache,
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

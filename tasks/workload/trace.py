@@ -68,8 +68,9 @@ class TraceWorkload:
             ``ignore_eos``).
         arrival_offsets_s: each request's send time in seconds after the first (0 first).
         recorded_request_rate: requests / (last - first offset) in requests/s; None below 2.
-        expected_cached_token_fraction: the share of prompt tokens a perfect prefix cache would
-            reuse: tokens of blocks seen in an earlier request / all prompt tokens.
+        blocks: each prompt's blocks ``((key, tokens), ...)``: its hash blocks as cut to its
+            length (``h<salt>:<id>``), then its own tokens (``r<salt>:<row>``), for the expected
+            cache share (``tasks.cache.expected_cached_token_fraction``).
     """
 
     prompts: tuple[str, ...]
@@ -77,7 +78,7 @@ class TraceWorkload:
     output_lens: tuple[int, ...]
     arrival_offsets_s: tuple[float, ...]
     recorded_request_rate: float | None
-    expected_cached_token_fraction: float
+    blocks: tuple[tuple[tuple[str, int], ...], ...]
 
 
 def _count(value: Any, *, positive: bool) -> bool:
@@ -198,28 +199,27 @@ def build_trace(
     if not time_scale > 0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     vocab = stable_vocab(tokenizer)
-    blocks: dict[int, list[int]] = {}
-    prompts, counts, seen_tokens, all_tokens = [], [], 0, 0
-    seen: set[int] = set()
+    drawn: dict[int, list[int]] = {}
+    prompts, counts, keys = [], [], []
     for r in rows:
         ids: list[int] = []
+        mine: list[tuple[str, int]] = []
         for h in r.hash_ids:
             if len(ids) >= r.input_length:
                 break
-            block = blocks.get(h)
+            block = drawn.get(h)
             if block is None:
-                block = blocks[h] = random.Random(f"{salt}:block:{h}").choices(vocab, k=BLOCK_TOKENS)
+                block = drawn[h] = random.Random(f"{salt}:block:{h}").choices(vocab, k=BLOCK_TOKENS)
             take = block[: r.input_length - len(ids)]
-            if h in seen:
-                seen_tokens += len(take)
-            seen.add(h)
+            mine.append((f"h{salt}:{h}", len(take)))
             ids += take
         if len(ids) < r.input_length:
+            mine.append((f"r{salt}:{r.row}", r.input_length - len(ids)))
             ids += random.Random(f"{salt}:row:{r.row}").choices(vocab, k=r.input_length - len(ids))
-        all_tokens += r.input_length
         text = tokenizer.decode(ids, skip_special_tokens=True)
         prompts.append(text)
         counts.append(len(tokenizer.encode(text, add_special_tokens=False)))
+        keys.append(tuple(mine))
     start = rows[0].timestamp_ms
     offsets = tuple((r.timestamp_ms - start) / 1000.0 / time_scale for r in rows)
     span = offsets[-1] - offsets[0]
@@ -229,5 +229,5 @@ def build_trace(
         output_lens=tuple(r.output_length for r in rows),
         arrival_offsets_s=offsets,
         recorded_request_rate=(len(rows) - 1) / span if span > 0 else None,
-        expected_cached_token_fraction=seen_tokens / all_tokens if all_tokens else 0.0,
+        blocks=tuple(keys),
     )

@@ -1,0 +1,180 @@
+"""The stream stage's config: load levels, prompts and workloads (synthetic, files, shared-prefix
+groups, recorded traces), the client's clocks and the prefix cache's isolation.
+
+Apart from :mod:`tasks.config.stages` (whose ``_Strict`` it uses) because it is the largest.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from tasks import metrics
+from tasks.config.stages import DEFAULT_STREAM_PROMPTS, _Strict
+
+
+class StreamConfig(_Strict):
+    """The remote stream stage: TTFT / ITL / TPOT / E2E under a concurrency sweep."""
+
+    enabled: bool = Field(True, description="Run this stage.")
+    prompts: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_STREAM_PROMPTS),
+        min_length=1,
+        description="Chat prompts, used round-robin.",
+    )
+    max_tokens: int = Field(64, ge=1, description="max_completion_tokens per request.")
+    max_concurrency: list[int] = Field(
+        default_factory=lambda: [1, 4], min_length=1, description="Concurrency levels."
+    )
+    num_requests: int = Field(8, ge=1, description="Measured requests per level.")
+    warmup: int = Field(1, ge=0, description="Warm-up requests before each level (excluded).")
+    temperature: float = Field(0.0, ge=0, description="Sampling temperature for load requests.")
+    goodput: dict[str, float] = Field(
+        default_factory=dict,
+        description="SLOs for goodput, e.g. {ttft_ms: 500, tpot_ms: 50} (metric <= value).",
+    )
+    request_rate: list[float | None] = Field(
+        default_factory=lambda: [None],
+        min_length=1,
+        description="Request rates in requests/s; null = inf (all at once). Levels are the "
+        "cross product max_concurrency x request_rate.",
+    )
+    burstiness: float = Field(
+        1.0, gt=0, description="Gamma shape of the inter-arrival times: 1 = Poisson, <1 burstier."
+    )
+    seed: int = Field(0, description="Seed of the arrival times and of synthetic prompts.")
+    input_len: int | None = Field(
+        None, ge=1, description="Synthetic prompts of this many random tokens (replaces prompts)."
+    )
+    output_len: int | None = Field(
+        None, ge=1, description="Ask for exactly this many output tokens (max_tokens + ignore_eos)."
+    )
+    ignore_eos: bool = Field(False, description="Send ignore_eos: true (vLLM, llama.cpp take it).")
+    client_bound_tolerance_ms: float = Field(
+        1.0,
+        gt=0,
+        description="On the user clock, a level is client-bound when the client's event-loop lag "
+        "p99 exceeds this (ms).",
+    )
+    arrival_clock: Literal["kernel", "user"] = Field(
+        "kernel",
+        description="Clock of the chunk arrivals: kernel (the kernel's receive time of each read; "
+        "Linux with the aiohttp transport, else the user clock, said in the log) or user (when "
+        "the client's event loop read it).",
+    )
+    client_bound_coalesced_fraction: float = Field(
+        0.01,
+        ge=0,
+        le=1,
+        description="On the kernel clock, a level is client-bound when more than this fraction "
+        "of its ITL gaps came coalesced (several chunks in one read).",
+    )
+    client_processes: int | None = Field(
+        None,
+        ge=1,
+        description="Client processes per level (at most its concurrency), for loads one core "
+        "cannot drive; records merged, clocks comparable. Empty = one per 128 concurrent "
+        "streams, at most one per CPU core.",
+    )
+    duration_s: float | None = Field(
+        None,
+        gt=0,
+        description="Seconds of sending per level: after it no measured request is sent (those in "
+        "flight finish and count); num_requests still caps the level. Empty = no time bound.",
+    )
+    api: Literal["chat", "completions"] = Field(
+        "chat", description="Endpoint streamed: chat (/chat/completions) or completions (/completions)."
+    )
+    dataset: str | None = Field(
+        None,
+        description="Workload file: sharegpt:PATH (ShareGPT JSON), jsonl:PATH (prompt, output_len, "
+        "input_len per line), or a recorded trace sent at its recorded times: mooncake:PATH "
+        "(timestamp, input_length, output_length, hash_ids per line) or trace:PATH (no hash_ids); "
+        "replaces prompts / input_len.",
+    )
+    time_scale: float = Field(
+        1.0, gt=0, description="A trace's speed: 2 sends it twice as fast (its gaps halved)."
+    )
+    prefix_groups: int | None = Field(
+        None,
+        ge=1,
+        description="Shared-prefix workload: this many groups, each request opening with its "
+        "group's prefix_len tokens, then input_len tokens of its own.",
+    )
+    prefix_len: int | None = Field(None, ge=1, description="Tokens of each group's shared prefix.")
+    prefix_popularity: str = Field(
+        "uniform", description="How requests pick a group: uniform, or zipf:S (group k weighted 1/k^S)."
+    )
+    keep_cache: bool = Field(
+        False,
+        description="Keep the server's prefix cache warm between levels (default: reset it before "
+        "each level's measured requests where the server offers a reset, e.g. vLLM's dev mode).",
+    )
+    salt: int | None = Field(
+        None,
+        description="Salt of the random prompt tokens (synthetic, shared-prefix, trace). Empty = "
+        "drawn per run and recorded, so a second run does not hit the first's prefix cache.",
+    )
+
+    @field_validator("prefix_popularity")
+    @classmethod
+    def _popularity(cls, value: str) -> str:
+        # the grammar of tasks.workload.prefix.parse_popularity (not imported: the workloads
+        # import the stream package, which imports the config)
+        kind, _, exponent = value.partition(":")
+        try:
+            ok = value == "uniform" or (kind == "zipf" and float(exponent) > 0)
+        except ValueError:
+            ok = False
+        if not ok:
+            raise ValueError(f"{value!r}: write uniform or zipf:S with S > 0 (e.g. zipf:1.1)")
+        return value
+
+    @model_validator(mode="after")
+    def _workload(self) -> StreamConfig:
+        if self.prefix_groups is not None:
+            if self.prefix_len is None or self.input_len is None:
+                raise ValueError(
+                    "prefix_groups needs prefix_len (the shared tokens) and input_len (each request's own)"
+                )
+            if self.dataset:
+                raise ValueError("prefix_groups builds its own prompts: give it or dataset, not both")
+        elif self.prefix_len is not None:
+            raise ValueError("prefix_len needs prefix_groups (how many shared prefixes)")
+        trace = (self.dataset or "").partition(":")[0] in ("mooncake", "trace")
+        if trace and any(r is not None for r in self.request_rate):
+            raise ValueError("a trace sets its own send times: drop request_rate (speed it with time_scale)")
+        return self
+
+    @field_validator("max_concurrency")
+    @classmethod
+    def _positive(cls, values: list[int]) -> list[int]:
+        if any(v < 1 for v in values):
+            raise ValueError("every concurrency must be >= 1")
+        return values
+
+    @field_validator("request_rate")
+    @classmethod
+    def _rates(cls, values: list[float | None]) -> list[float | None]:
+        out: list[float | None] = []
+        for v in values:
+            if v is None or (math.isinf(v) and v > 0):
+                out.append(None)
+            elif not (v > 0 and math.isfinite(v)):
+                raise ValueError("every request rate must be > 0 (requests/s) or null for inf")
+            else:
+                out.append(v)
+        return out
+
+    @field_validator("goodput")
+    @classmethod
+    def _slo_names(cls, slos: dict[str, float]) -> dict[str, float]:
+        allowed = metrics.SLO_METRICS
+        for name, value in slos.items():
+            if name not in allowed:
+                raise ValueError(f"unknown SLO {name!r}; use one of {sorted(allowed)}")
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"SLO {name} must be a positive number of milliseconds")
+        return slos

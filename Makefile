@@ -6,7 +6,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install audit test lint vllm
+.PHONY: install audit test lint vllm docs-images
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,6 +26,12 @@ audit: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+# The README's picture of the MLflow runs table (docs/mlflow-runs.png): the browser test of
+# tests/test_mlflow_ui.py with its screenshot sent to docs/ (a plain test run writes it to a
+# temporary folder and leaves the tree as it was). Needs chromium (apt-get install chromium).
+docs-images: $(STAMP)
+	INFERMETER_DOCS_IMAGES=$(CURDIR)/docs $(PY) -m pytest -q tests/test_mlflow_ui.py -k runs_url_opens
 
 # ruff (lint and format) and the import contracts of pyproject.toml ([tool.importlinter]).
 lint: $(STAMP)

@@ -86,6 +86,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         "mlflow_run_id": run.run_id,
         "tracking_uri": run.tracker.tracking_uri if run.run_id else None,
         "ui_command": run.ui_command,
+        "runs_url": run.runs_url,
         "workdir": str(run.workdir),
     }
 

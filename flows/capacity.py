@@ -36,7 +36,7 @@ def summary_text(capacity: dict | None, error: str | None) -> str:
 
 def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"capacity", "levels", "error", "mlflow_run_id", "workdir",
-    "ui_command"}`` (``capacity`` is ``CapacityResult.to_dict()``, None when it failed)."""
+    "ui_command", "runs_url"}`` (``capacity`` is ``CapacityResult.to_dict()``, None when it failed)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline.capacity import capacity_stage
 

@@ -85,10 +85,20 @@ class ParentRun:
         """The command that opens the MLflow UI on this run's store; None when not tracked."""
         return self.tracker.ui_command() if self.run_id else None
 
+    @property
+    def runs_url(self) -> str | None:
+        """The experiment's runs table in the MLflow UI (classic view); None when not tracked."""
+        return self.tracker.runs_url() if self.run_id else None
+
     def links(self) -> dict[str, Any]:
         """Where a flow's result says its records are: ``mlflow_run_id``, ``workdir``,
-        ``ui_command``."""
-        return {"mlflow_run_id": self.run_id, "workdir": str(self.workdir), "ui_command": self.ui_command}
+        ``ui_command``, ``runs_url``."""
+        return {
+            "mlflow_run_id": self.run_id,
+            "workdir": str(self.workdir),
+            "ui_command": self.ui_command,
+            "runs_url": self.runs_url,
+        }
 
 
 def _tags(flow_name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
@@ -120,7 +130,7 @@ def parent_run(
         run_name: the config's name: the tag ``config_name``, and the MLflow run name when
             ``what`` is empty.
         what: what the run measures (engine, model): the MLflow run name is then
-            :func:`run_title` (``audit llama.cpp SmolLM2-135M-Instruct 2026-11-30 10:06``).
+            :func:`run_title` (``audit 11-30 10:06:42 llama.cpp SmolLM2-135M-Instruct``).
         params: the config as JSON-shaped data: flattened as params (``stream.max_concurrency``
             = ``[1, 2]``), and whole as the ``config.yaml`` artifact.
         tracking: experiment and on/off; ``track=False`` (``--no-track``) turns it off too.
@@ -214,6 +224,8 @@ def target_label(
 
 
 def run_title(flow_name: str, what: Sequence[str]) -> str:
-    """A parent run's MLflow name: the flow, what it measured, and when it started (local time,
-    minutes): ``audit llama.cpp SmolLM2-135M-Instruct 2026-11-30 10:06``."""
-    return " ".join([flow_name, *what, time.strftime("%Y-%m-%d %H:%M")])
+    """A parent run's MLflow name: the flow, when it started (local time, month-day and
+    seconds), then what it measured: ``audit 11-30 10:06:42 llama.cpp SmolLM2-135M-Instruct``.
+    What differs between runs comes first: the UI's runs table shows a name's first 20-30
+    characters, and runs of one engine and model differ only in their start."""
+    return " ".join([flow_name, time.strftime("%m-%d %H:%M:%S"), *what])

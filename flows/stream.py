@@ -21,7 +21,7 @@ from tasks.preflight import check_flow_settings
 
 def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "error", "mlflow_run_id", "workdir",
-    "ui_command"}`` (``error`` is None, or the message of the failure that ended the run early).
+    "ui_command", "runs_url"}`` (``error`` is None, or the message of the failure that ended the run early).
 
     Raises:
         tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""

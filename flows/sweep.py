@@ -19,7 +19,7 @@ from tasks.preflight import check_flow_settings
 
 def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
     """The flow's body: ``{"points", "headline", "distribution", "error", "mlflow_run_id",
-    "workdir", "ui_command"}`` (``error`` None, or why the stage failed; ``distribution`` the
+    "workdir", "ui_command", "runs_url"}`` (``error`` None, or why the stage failed; ``distribution`` the
     sampler's view rows of a local sweep, else None).
 
     Raises:

@@ -16,7 +16,7 @@ from tasks.config import TokenizeFlowConfig
 
 def run_tokenize(config: TokenizeFlowConfig, track: bool = True) -> dict:
     """The flow's body: ``{"rows", "metrics", "error", "mlflow_run_id", "workdir",
-    "ui_command"}`` (``error`` None, or why the stage failed)."""
+    "ui_command", "runs_url"}`` (``error`` None, or why the stage failed)."""
     from tasks.pipeline import tokenize_stage  # torch and transformers: not at import
 
     # the params are the tokenize section's fields, unprefixed: the names tokenize runs have

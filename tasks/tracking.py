@@ -46,9 +46,16 @@ PARENT_TAG = "mlflow.parentRunId"
 #: The experiment tag the MLflow 3 UI reads to choose its view (its ``ExperimentKind`` enum in
 #: mlflow/server/js: ``genai_development`` opens Traces/Evaluations, ``custom_model_development``
 #: the classic runs table and metric charts); untagged experiments are guessed, and were guessed
-#: GenAI here. Set when this module creates an experiment, or finds one without it.
+#: GenAI here. Set when this module creates an experiment, or finds one without it. MLflow
+#: 3.17's UI no longer reads it while its sidebar's GenAI / Model training switch is on (it
+#: is, in the bundled JS): the switch decides, from the URL's ``workflowType`` (default: the
+#: browser's last choice, GenAI at first), so :meth:`Tracker.runs_url` names the view.
 EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
 EXPERIMENT_KIND = "custom_model_development"
+#: The MLflow UI's classic view (``?workflowType=machine_learning``: "Model training").
+UI_WORKFLOW = "machine_learning"
+#: The port :meth:`Tracker.ui_command` starts ``mlflow ui`` on.
+UI_PORT = 5000
 #: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
@@ -327,11 +334,21 @@ class Tracker:
                 raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
         return found
 
-    def find_runs(self, filter_string: str, max_results: int = 10, exclude: str | None = None) -> list[dict]:
+    def find_runs(
+        self,
+        filter_string: str,
+        max_results: int = 10,
+        exclude: str | None = None,
+        parents_only: bool = False,
+    ) -> list[dict]:
         """Runs of this experiment matching an MLflow filter, newest first, as plain dicts
-        (run_id, name, status, start_time_ms, metrics, params, tags)."""
+        (run_id, name, status, start_time_ms, metrics, params, tags). ``parents_only``: runs
+        without a parent (a flow's own run, not its stages, levels or points)."""
         if not self.enabled or self.offline:
             return []
+        if parents_only:
+            top = f"tags.`{PARENT_TAG}` IS NULL"
+            filter_string = f"{filter_string} and {top}" if filter_string.strip() else top
         runs = self._client.search_runs(
             [self._experiment_id],
             filter_string=filter_string,
@@ -351,7 +368,17 @@ class Tracker:
         uri = self.tracking_uri or default_tracking_uri()
         if uri.startswith("http"):
             return f"open {uri}"
-        return f".venv/bin/mlflow ui --backend-store-uri {uri} --port 5000"
+        return f".venv/bin/mlflow ui --backend-store-uri {uri} --port {UI_PORT}"
+
+    def runs_url(self) -> str | None:
+        """The experiment's runs table in the MLflow UI, in its classic (Model training) view:
+        on the tracking server, or on the ``mlflow ui`` of :meth:`ui_command` for a local
+        store. None when tracking is off or the experiment is not known (offline)."""
+        if not (self.enabled and self._experiment_id):
+            return None
+        uri = self.tracking_uri or default_tracking_uri()
+        base = uri.rstrip("/") if uri.startswith("http") else f"http://127.0.0.1:{UI_PORT}"
+        return f"{base}/#/experiments/{self._experiment_id}/runs?workflowType={UI_WORKFLOW}"
 
     def replay(self, entry: dict, ids: Mapping[str, str]) -> str | None:
         """Send one journal entry (:mod:`tasks.tracking_journal`) to this store, ``offline-<key>``

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -126,3 +127,28 @@ def test_tracking_server_down_is_one_line_for_every_command():
     result = _run(["tokenize", "--text", "hi"], env={"MLFLOW_TRACKING_URI": url}, timeout=120)
     assert result.returncode == 2 and url in result.stderr
     assert result.stderr.strip().count("\n") == 0 and "Traceback" not in result.stderr
+
+
+def test_a_tracked_command_prints_the_runs_table_url_and_names_its_run_by_when_first(tmp_path):
+    from mlflow.tracking import MlflowClient
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {
+        "MLFLOW_TRACKING_URI": uri,
+        "PREFECT_HOME": str(tmp_path / "prefect"),
+        "INFERMETER_WORK_DIR": str(tmp_path / "w"),
+    }
+    out = tmp_path / "out.json"
+    result = _run(["tokenize", "--text", "hi", "--tokenizers", "model", "--json", str(out)], env=env)
+    assert result.returncode == 0, result.stderr[-2000:]
+    client = MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name("infermeter").experiment_id
+    lines = result.stdout.splitlines()
+    assert f"Open the UI: .venv/bin/mlflow ui --backend-store-uri {uri} --port 5000" in lines
+    # MLflow 3 opens an experiment on GenAI's traces; this URL opens its runs table, classic view
+    url = f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    assert f"Runs table: {url}" in lines, result.stdout
+    run = client.get_run(json.loads(out.read_text())["mlflow_run_id"])
+    # what differs between runs first: "tokenize 12-01 10:41:07 SmolLM2-135M-Instruct"
+    assert re.fullmatch(r"tokenize \d\d-\d\d \d\d:\d\d:\d\d SmolLM2-135M-Instruct", run.info.run_name)
+    assert run.data.tags["config_name"] == "tokenize"

@@ -1,5 +1,6 @@
 """`infermeter compare` over a real MLflow store: the table, deltas, CSV, markdown, plot."""
 
+import json
 import os
 import subprocess
 import sys
@@ -105,3 +106,67 @@ def test_cli_unknown_run_exits_2(store):
     out = _cli(["0" * 32], uri)
     assert out.returncode == 2 and "not found" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def _plain_cli(args, uri):
+    """The command piped (rich's 80 columns, whatever the terminal running the tests)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return subprocess.run(
+        [str(BIN), "compare", *args],
+        capture_output=True,
+        text=True,
+        env={**env, "MLFLOW_TRACKING_URI": uri},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def sized_store(tmp_path):
+    """Eight audits with byte counts and large latencies, each with a stage child run."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("sized", uri)
+    for i in range(8):
+        run = tracker.start_run(f"r{i}", tags={"flow": "audit", "endpoint_kind": "llama.cpp"})
+        tracker.log_metrics(
+            run, {"weights_bytes": 7_372_800.0 + 1024 * i, "ttft_ms_p50": 11_423.9 + 1000.25 * i}
+        )
+        child = tracker.start_run("stream", parent_run_id=run, tags={"endpoint_kind": "llama.cpp"})
+        tracker.log_metrics(child, {"ttft_ms_p50": 1.0})
+        tracker.end_run(child)
+        tracker.end_run(run)
+    return uri
+
+
+def test_cli_piped_prints_byte_counts_as_integers_and_never_cuts_a_figure(sized_store):
+    out = _plain_cli(["--experiment", "sized", "--metrics", "weights_bytes,ttft_ms_p50"], sized_store)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "…" not in out.stdout and all(len(line) <= 80 for line in lines)
+    [bytes_row] = [line for line in lines if "weights_bytes" in line]
+    shown = bytes_row.strip("│ ").split("│")[1:]
+    assert [cell.strip() for cell in shown] == [f"{7_372_800 + 1024 * i:,}" for i in range(len(shown))]
+    [ttft_row] = [line for line in lines if "ttft_ms_p50" in line]
+    assert [c.strip() for c in ttft_row.strip("│ ").split("│")[1:]] == [
+        f"{11_423.9 + 1000.25 * i:,.3f}" for i in range(len(shown))
+    ]
+    # the runs that did not fit are named, last first left out, with the width that shows them
+    note = " ".join(out.stdout[out.stdout.index("left out") :].split())  # wrapped at 80
+    assert note.startswith("left out to fit 80 columns: ") and note.endswith("so does --json)")
+    assert [label.split()[0] for label in note.split(": ", 1)[1].split(" (COLUMNS=")[0].split(", ")] == [
+        f"r{i}" for i in range(len(shown), 8)
+    ]
+    markdown = _plain_cli(["--experiment", "sized", "--metrics", "weights_bytes", "--markdown"], sized_store)
+    assert "| 7,372,800 |" in markdown.stdout and "7,372,800.000" not in markdown.stdout
+
+
+def test_a_filter_finds_the_flows_own_runs_unless_children_are_asked_for(sized_store, tmp_path):
+    flt = "tags.endpoint_kind = 'llama.cpp'"
+    args = ["--experiment", "sized", "--filter", flt, "--max-runs", "20", "--metrics", "ttft_ms_p50"]
+    out = _plain_cli([*args, "--json", str(tmp_path / "p.json")], sized_store)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "p.json").read_text())["rows"]
+    assert [r["name"] for r in rows] == [f"r{i}" for i in range(8)]  # no stage runs, no blank bars
+    out = _plain_cli([*args, "--children", "--json", str(tmp_path / "c.json")], sized_store)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert sorted(r["name"] for r in rows) == sorted([f"r{i}" for i in range(8)] + ["stream"] * 8)

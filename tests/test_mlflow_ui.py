@@ -1,12 +1,14 @@
 """The MLflow UI reads like an experiment tracker: the classic training view (experiment kind),
-parent runs named by what and when, compact list params, a level run lasting as long as its level,
-per-step series spaced in time, plots with linear concurrency axes from 0; and, in headless
-Chromium on a real `mlflow ui`, the run list showing those names (the screenshot of two audits
-compared goes to docs/mlflow-compare.png, shown in the README).
+parent runs named by when and what, compact list params, a level run lasting as long as its
+level, per-step series spaced in time, plots with linear concurrency axes from 0; and, in
+headless Chromium on a real `mlflow ui`, the runs table the CLI's URL opens, in the classic view,
+showing those names. Its screenshot goes to the test's tmp_path; `make docs-images` sets
+``INFERMETER_DOCS_IMAGES=docs`` to write the README's docs/mlflow-runs.png instead.
 
 Two tiny real audits (tokenize + stream on the embedded llama.cpp server) make the store.
 """
 
+import os
 import re
 import subprocess
 import sys
@@ -21,8 +23,10 @@ from tasks.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker
 
 CHROMIUM = "/usr/bin/chromium"
 DOCS = Path(__file__).resolve().parent.parent / "docs"
+#: The README's picture of the runs table (written only by `make docs-images`).
+SCREENSHOT = "mlflow-runs.png"
 EXPERIMENT = "infermeter-ui"
-NAME = re.compile(r"^audit llama\.cpp SmolLM2-135M-Instruct \d{4}-\d\d-\d\d \d\d:\d\d$")
+NAME = re.compile(r"^audit \d\d-\d\d \d\d:\d\d:\d\d llama\.cpp SmolLM2-135M-Instruct$")
 
 
 @pytest.fixture(scope="module")
@@ -58,6 +62,9 @@ def test_runs_are_named_by_what_and_when_in_a_classic_experiment(two_audits):
     first, second = (client.get_run(r["mlflow_run_id"]) for r in results)
     for run in (first, second):
         assert NAME.match(run.info.run_name), run.info.run_name
+    # what differs comes first: the runs table's first 30 characters tell the two apart
+    assert first.info.run_name[:30] != second.info.run_name[:30]
+    for run in (first, second):
         assert run.data.tags["config_name"] == "audit-ui"
         assert run.data.params["stream.max_concurrency"] == "[1, 2]"
     # the second audit is judged against the first: same workload, and it names its baseline
@@ -106,6 +113,18 @@ def test_experiments_made_before_get_the_classic_kind_and_series_are_spaced_in_t
     assert [b - a for a, b in zip(stamps, stamps[1:])] == [20, 30]  # each step ends its duration later
     info = client.get_run(run).info
     assert (info.start_time, info.end_time) == (1_000_000, 1_060_000)
+
+
+def test_the_runs_url_names_the_classic_view_of_the_experiment(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("urls", uri)
+    experiment = MlflowClient(tracking_uri=uri).get_experiment_by_name("urls").experiment_id
+    # on the `mlflow ui` that ui_command starts (port 5000), in the "Model training" view
+    assert tracker.ui_command().endswith(f"--backend-store-uri {uri} --port 5000")
+    assert tracker.runs_url() == (
+        f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    )
+    assert Tracker("urls", uri, enabled=False).runs_url() is None
 
 
 def test_load_curves_have_linear_concurrency_axes_from_zero():
@@ -157,9 +176,12 @@ def _chromium(url: str, profile: Path, *extra: str) -> str:
 @pytest.mark.skipif(
     not Path(CHROMIUM).exists(), reason="needs chromium (apt-get install -y chromium; .ci/run does)"
 )
-def test_the_mlflow_ui_lists_the_named_runs_and_compares_two_audits(two_audits, mlflow_store, tmp_path):
+def test_the_runs_url_opens_the_classic_runs_table_with_the_named_runs(two_audits, mlflow_store, tmp_path):
     results, client = two_audits
     experiment = client.get_experiment_by_name(EXPERIMENT).experiment_id
+    url = results[0]["runs_url"]  # what the CLI prints: on the `mlflow ui` of ui_command, port 5000
+    assert url == f"http://127.0.0.1:5000/#/experiments/{experiment}/runs?workflowType=machine_learning"
+    docs_before = {p.name: p.stat().st_mtime_ns for p in DOCS.iterdir()}
     port = _free_port()
     ui = _start(
         [
@@ -179,23 +201,21 @@ def test_the_mlflow_ui_lists_the_named_runs_and_compares_two_audits(two_audits, 
         tmp_path / "ui.log",
     )
     try:
-        base = f"http://127.0.0.1:{port}"
-        dom = _chromium(
-            f"{base}/#/experiments/{experiment}/runs", tmp_path / "p1", "--dump-dom", "--window-size=1400,900"
-        )
+        here = url.replace("127.0.0.1:5000", f"127.0.0.1:{port}")
+        dom = _chromium(here, tmp_path / "p1", "--dump-dom", "--window-size=1400,900")
         text = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", dom))
-        assert "Training runs" in text  # the classic view, not GenAI's traces
+        # the classic view ("Model training": Runs, Models, Model registry), not GenAI's, whose
+        # side bar lists Overview, Traces, "Training runs" and "Evaluation runs"
+        assert "Model registry" in text and "matching runs" in text, text[:2000]
+        assert "Training runs" not in text and "Evaluation runs" not in text, text[:2000]
         names = [client.get_run(r["mlflow_run_id"]).info.run_name for r in results]
         assert all(name in text for name in names), text[:2000]
         assert "audit-default" not in text
-        ids = ",".join(f"%22{r['mlflow_run_id']}%22" for r in results)
-        shot = DOCS / "mlflow-compare.png"
-        _chromium(
-            f"{base}/#/compare-runs?runs=[{ids}]&experiments=[%22{experiment}%22]",
-            tmp_path / "p2",
-            f"--screenshot={shot}",
-            "--window-size=1400,1500",
-        )
+        out = Path(os.environ.get("INFERMETER_DOCS_IMAGES") or tmp_path)
+        shot = out / SCREENSHOT
+        _chromium(here, tmp_path / "p2", f"--screenshot={shot}", "--window-size=1400,700")
         assert shot.stat().st_size > 20_000
     finally:
         _stop(ui)
+    if not os.environ.get("INFERMETER_DOCS_IMAGES"):  # a test run leaves the tree as it found it
+        assert {p.name: p.stat().st_mtime_ns for p in DOCS.iterdir()} == docs_before

@@ -4,6 +4,7 @@ parameters landing in MLflow with exactly those parameters."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -135,7 +136,9 @@ def test_sweep_run_with_overridden_parameters_lands_in_mlflow(served):
     assert len(parents) == 1
     parent = parents[0]
     assert parent.data.tags["config_name"] == "served-sweep"
-    assert parent.info.run_name.startswith("sweep llama.cpp SmolLM2-135M-Instruct 20")
+    assert re.fullmatch(
+        r"sweep \d\d-\d\d \d\d:\d\d:\d\d llama\.cpp SmolLM2-135M-Instruct", parent.info.run_name
+    )
     assert parent.data.tags["prefect_flow_run_id"] == flow_run["id"]
     assert parent.data.params["sweep.samples"] == "2" and parent.data.params["sweep.seed"] == "7"
     assert parent.data.params["sweep.top_p"] == "[1.0, 0.5]"
@@ -197,7 +200,7 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
         SCREENSHOTS / "mlflow_experiment.png",
     )
     names = [r.info.run_name for r in client.search_runs([experiment.experiment_id], max_results=5)]
-    assert any(name in dom for name in names), names  # "sweep llama.cpp SmolLM2-... <time>"
+    assert any(name in dom for name in names), names  # "sweep <mm-dd hh:mm:ss> llama.cpp SmolLM2-..."
 
     deployment = _api(api, "/deployments/name/sweep/sweep")
     ui = api.removesuffix("/api")
@@ -209,3 +212,29 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
     for field in ("temperature", "top p", "samples", "seed", "max tokens"):
         assert field in dom.lower(), f"form field {field} not rendered"
     assert (SCREENSHOTS / "prefect_deployment_form.png").stat().st_size > 10_000
+
+
+def test_the_readme_prefect_ui_on_another_port_calls_that_port(tmp_path):
+    """The README's line for a Prefect UI on a port other than 4200, run as written (on a free
+    port): the UI's settings name that port's API; without PREFECT_UI_API_URL they name 4200."""
+    from conftest import _free_port, _start, _stop
+
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
+    [line] = re.findall(r"`(PREFECT_UI_API_URL=\S+ \.venv/bin/prefect server start --port \d+)`", readme)
+    setting, command = line.split(" ", 1)
+    readme_port = command.rsplit(" ", 1)[1]
+    port = str(_free_port())
+    api = setting.split("=", 1)[1].replace(readme_port, port)
+    assert api == f"http://127.0.0.1:{port}/api"
+    prefect = [str(Path(sys.executable).parent / "prefect"), "server", "start", "--host", "127.0.0.1"]
+    base = {k: v for k, v in os.environ.items() if not k.startswith("PREFECT_")}
+    base.update({"PREFECT_HOME": str(tmp_path / "home"), "PREFECT_SERVER_ANALYTICS_ENABLED": "false"})
+    for env, expected in (({**base, "PREFECT_UI_API_URL": api}, api), (base, "http://127.0.0.1:4200/api")):
+        proc = _start(
+            [*prefect, "--port", port], env, f"http://127.0.0.1:{port}/api/health", tmp_path / "s.log"
+        )
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/ui-settings", timeout=30) as response:
+                assert json.load(response)["api_url"] == expected
+        finally:
+            _stop(proc)

@@ -1,6 +1,8 @@
 """`infermeter compare`: chosen MLflow runs side by side, deltas against the first.
 
-Not a flow: it only reads the tracking store.
+Not a flow: it only reads the tracking store. A search (no run ids) finds the flows' own runs,
+not their children (stages, levels, points; ``--children`` includes them), so a filter on a
+tag both carry lists each audit once.
 """
 
 from __future__ import annotations
@@ -27,6 +29,13 @@ def command(
         str, typer.Option("--filter", help="MLflow filter when no run ids are given.")
     ] = DEFAULT_FILTER,
     max_runs: Annotated[int, typer.Option(help="Newest N runs when searching.")] = 10,
+    children: Annotated[
+        bool,
+        typer.Option(
+            "--children",
+            help="Search child runs too (a flow's stages, levels, points); default: the flows' own runs.",
+        ),
+    ] = False,
     metrics: Annotated[
         Optional[str], typer.Option(help="Comma-separated metrics (default: headline).")
     ] = None,
@@ -51,15 +60,17 @@ def command(
         if run_ids:
             runs = tracker.runs_by_id(run_ids)
         else:
-            runs = list(reversed(tracker.find_runs(filter_string, max_results=max_runs)))
+            found = tracker.find_runs(filter_string, max_results=max_runs, parents_only=not children)
+            runs = list(reversed(found))
     except LookupError as exc:
         fail_input(str(exc))
     except Exception as exc:  # a malformed --filter is the usual cause
         fail_input(f"--filter: {str(exc).splitlines()[0]}")
     if not runs:
         fail_input(
-            f"no runs in experiment {experiment!r} match {filter_string!r}; other flows' "
-            "runs: --filter \"tags.flow = 'stream'\" (or profile, sweep, tokenize)"
+            f"no {'' if children else 'parent '}runs in experiment {experiment!r} match "
+            f"{filter_string!r}; other flows' runs: --filter \"tags.flow = 'stream'\" (or profile, "
+            "sweep, tokenize)" + ("" if children else "; child runs: --children")
         )
     if chosen:
         logged = {name for run in runs for name in run["metrics"]}
@@ -88,7 +99,10 @@ def command(
 
 
 def _transposed(frame) -> Table:
-    """Metrics as rows, runs as columns: reads in a terminal however many metrics there are."""
+    """Metrics as rows, runs as columns: reads in a terminal however many metrics there are.
+    A metric whose every value is whole (bytes, counts) is written as an integer, others to
+    three decimals; a change goes on its own line under the value, so a column is as wide as
+    its longest figure (runs that do not fit are left out, and the line after says which)."""
     table = make_table(
         "runs side by side (change against the first run)",
         [("", "left")]
@@ -97,13 +111,15 @@ def _transposed(frame) -> Table:
     for column in frame.columns:
         if column in ("run_id", "name") or column.endswith("_change_pct"):
             continue
+        values = frame[column].to_list()
+        whole = all(v is None or float(v).is_integer() for v in values if isinstance(v, float))
         cells = []
-        for i, value in enumerate(frame[column]):
+        for i, value in enumerate(values):
             if isinstance(value, float):
                 change = frame[f"{column}_change_pct"][i] if f"{column}_change_pct" in frame.columns else None
-                cell = fmt_value(value, ",.3f")
+                cell = f"{value:,.0f}" if whole else fmt_value(value, ",.3f")
                 if i > 0 and change is not None:
-                    cell += f" ({change:+.1f} %)"
+                    cell += f"\n({change:+.1f} %)"
             else:
                 cell = "" if value is None else str(value)[:20]
             cells.append(cell)

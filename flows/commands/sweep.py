@@ -184,6 +184,7 @@ def print_points(points: list[dict]) -> None:
     table = make_table(
         "infermeter sweep",
         [(header, "left" if key == "status" else "right") for key, header in _COLUMNS.items()],
+        compact=True,
     )
     for p in points:
         status = p["status"] + (f" ({p['error_class']})" if p.get("error_class") else "")

@@ -1,14 +1,20 @@
-"""What the commands print: the consoles, one value formatter, the table frame, the headline
-table and the MLflow links. Each command's own table lives in its module."""
+"""What the commands print: the consoles, one value formatter, the table frame (a table that
+fits its width without cutting a figure), the headline table and the MLflow links. Each
+command's own table lives in its module."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich import box
-from rich.console import Console
-from rich.table import Table
+from rich.console import Console, ConsoleOptions, RenderResult
+from rich.measure import Measurement
+from rich.table import Column, Table
+from rich.text import Text
 
 console = Console(soft_wrap=True)  # paths and commands stay whole when copied
 err_console = Console(stderr=True)
@@ -17,8 +23,9 @@ err_console = Console(stderr=True)
 def fmt_value(value: Any, spec: str | None = None, scale: float = 1.0) -> str:
     """One table cell: ``n/a`` for None; bools and text as they are; ints (unscaled) with
     thousands separators; floats divided by ``scale`` (e.g. 2**20 for bytes -> MiB) and written
-    with the format ``spec`` (``",.3f"``), by default to whole units from 100 up and to one
-    decimal below (milliseconds, tokens/s, MiB: finer digits are noise in a terminal)."""
+    with the format ``spec`` (``",.3f"``; a ``g`` spec writes 1,000 and up in whole units, not
+    ``1.14e+03``), by default to whole units from 100 up and to one decimal below
+    (milliseconds, tokens/s, MiB: finer digits are noise in a terminal)."""
     if value is None:
         return "n/a"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -26,21 +33,113 @@ def fmt_value(value: Any, spec: str | None = None, scale: float = 1.0) -> str:
     if isinstance(value, int) and scale == 1.0:
         return f"{value:,}"
     value = value / scale
+    if spec is not None and spec.endswith("g") and abs(value) >= 1000:
+        return f"{value:,.0f}"  # "1,140", not "1.14e+03"
     if spec is not None:
         return format(value, spec)
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
+#: A figure as the tables write it: ``1,234.5``, ``-0.03``, ``1.14e+03``, ``12 %``,
+#: ``(+12.3 %)``, ``inf``, ``n/a``. A line of a right-justified column that reads so is never cut.
+_FIGURE = re.compile(r"[(]?[-+]?(\d[\d,]*(\.\d*)?(e[-+]?\d+)?|inf|n/a)( ?%)?[)]?")
+#: Text columns fold down to this many characters (fewer when their text is shorter) before
+#: columns are left out; a header word longer than this folds rather than widening its column.
+TEXT_FLOOR = 12
+
+
+class FittedTable(Table):
+    """A rich table that never cuts a figure to fit its width (80 columns when stdout is not a
+    terminal): right-justified (figure) columns get the width of their longest figure, text
+    folds, and when even that does not fit, the last columns are left out and a line after the
+    table names them and the width that shows them."""
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        table, left_out, needed = fit_table(self, console, options.max_width)
+        yield from Table.__rich_console__(table, console, options)
+        if left_out:  # wrapped here: the commands' console does not wrap (soft_wrap)
+            note = Text(
+                f"left out to fit {options.max_width} columns: {', '.join(left_out)} "
+                f"(COLUMNS={needed} shows them; so does --json)"
+            )
+            for line in note.wrap(console, options.max_width):
+                line.rstrip()
+                line.end = "\n"
+                yield line
+
+
+def _lines(console: Console, renderable: Any) -> list[str]:
+    text = console.render_str(renderable) if isinstance(renderable, str) else renderable
+    return text.plain.splitlines() if isinstance(text, Text) else []
+
+
+def _rigid_width(console: Console, column: Column) -> int | None:
+    """The width a column must keep (None: it may fold): a right-justified column the width of
+    its longest figure (other words in it fold; a header word counts up to :data:`TEXT_FLOOR`),
+    a ``no_wrap`` column its longest line."""
+    if column.no_wrap:
+        return _natural_width(console, column)
+    if column.justify != "right":
+        return None
+    lines = [line.strip() for cell in column.cells for line in _lines(console, cell)]
+    figures = [len(line) for line in lines if _FIGURE.fullmatch(line)]
+    header = max((len(word) for line in _lines(console, column.header) for word in line.split()), default=1)
+    return max([*figures, min(header, TEXT_FLOOR)])
+
+
+def _natural_width(console: Console, column: Column) -> int:
+    return max(Measurement.get(console, console.options, r).maximum for r in [column.header, *column.cells])
+
+
+def fit_table(table: Table, console: Console, width: int) -> tuple[Table, list[str], int]:
+    """A copy of ``table`` that fits ``width`` without cutting a figure, the headers of the
+    columns left out (the last ones; never the first), and the width the whole table needs.
+
+    Right-justified and ``no_wrap`` columns get a fixed width (:func:`_rigid_width`); the other
+    columns fold (``overflow="fold"``) and count :data:`TEXT_FLOOR` characters at most."""
+    fitted, budget = [], []
+    for column in table.columns:
+        rigid = _rigid_width(console, column)
+        if rigid is None:
+            fitted.append(dataclasses.replace(column, overflow="fold"))
+            budget.append(min(_natural_width(console, column), TEXT_FLOOR))
+        else:
+            fitted.append(dataclasses.replace(column, width=rigid, overflow="fold"))
+            budget.append(rigid)
+
+    def width_of(count: int) -> int:  # the table's width with its first `count` columns
+        probe = copy.copy(table)
+        probe.columns = [dataclasses.replace(c, width=w) for c, w in zip(fitted[:count], budget)]
+        return Measurement.get(console, console.options.update_width(10**6), probe).maximum
+
+    needed = width_of(len(fitted))
+    keep = len(fitted)
+    while keep > 1 and width_of(keep) > width:
+        keep -= 1
+    result = copy.copy(table)
+    result.columns = fitted[:keep]
+    return result, [_header_label(console, c) for c in table.columns[keep:]], needed
+
+
+def _header_label(console: Console, column: Column) -> str:
+    """A header on one line: ``"coal-\nesced"`` -> ``coalesced``, ``"TTFT\np99"`` -> ``TTFT p99``."""
+    label = ""
+    for line in _lines(console, column.header):
+        label = label[:-1] + line if label.endswith("-") else f"{label} {line}".strip()
+    return label or f"column {column._index + 1}"
+
+
 def make_table(
     title: str, columns: Iterable[tuple[str, str]], *, compact: bool = False, no_wrap: bool = False
 ) -> Table:
-    """A table with a bold header and ``columns`` as (header, justify) pairs. ``compact``:
-    a rule under the header only and no edge padding, for wide numeric tables (stream levels,
-    profile points) that must fit a terminal."""
+    """A table with a bold header and ``columns`` as (header, justify) pairs: a
+    :class:`FittedTable` (right-justified columns hold figures, which are never cut).
+    ``compact``: a rule under the header only and no edge padding, for wide numeric tables
+    (stream levels, profile points) that must fit a terminal."""
     extra: dict[str, Any] = (
         dict(box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True) if compact else {}
     )
-    table = Table(title=title, header_style="bold", **extra)
+    table = FittedTable(title=title, header_style="bold", **extra)
     for header, justify in columns:
         table.add_column(header, justify=justify, no_wrap=no_wrap)
     return table
@@ -55,8 +154,11 @@ def print_headline(title: str, headline: Mapping[str, Any]) -> None:
 
 
 def print_run_links(result: Mapping[str, Any]) -> None:
-    """The MLflow run id and the command that opens its UI, when the run was tracked."""
+    """The MLflow run id, the command that opens its UI and the URL of the experiment's runs
+    table there (the classic view: MLflow 3 opens on GenAI traces otherwise), when tracked."""
     if result.get("mlflow_run_id"):
-        console.print(f"MLflow run: {result['mlflow_run_id']}")
+        console.print(f"MLflow run: {result['mlflow_run_id']}", highlight=False)
         if result.get("ui_command"):
-            console.print(f"Open the UI: {result['ui_command']}")
+            console.print(f"Open the UI: {result['ui_command']}", highlight=False)
+        if result.get("runs_url"):
+            console.print(f"Runs table: {result['runs_url']}", highlight=False)

@@ -63,11 +63,23 @@ def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None)
 
 
 def markdown_table(frame: pl.DataFrame) -> str:
-    """The frame as a GitHub markdown table (numbers to 3 decimals)."""
+    """The frame as a GitHub markdown table: numbers to 3 decimals, but a column whose every
+    value is whole (bytes, counts) as integers."""
     header = "| " + " | ".join(frame.columns) + " |"
     lines = [header, "|" + " --- |" * len(frame.columns)]
-    for row in frame.iter_rows():
-        cells = ["" if v is None else (f"{v:,.3f}" if isinstance(v, float) else str(v)) for v in row]
+    whole = {
+        name: all(float(v).is_integer() for v in frame[name] if isinstance(v, float))
+        for name in frame.columns
+    }
+    for row in frame.iter_rows(named=True):
+        cells = [
+            ""
+            if v is None
+            else (f"{v:,.0f}" if whole[k] else f"{v:,.3f}")
+            if isinstance(v, float)
+            else str(v)
+            for k, v in row.items()
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

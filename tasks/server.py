@@ -177,6 +177,7 @@ def _vllm_launch(
         "--max-model-len",
         str(n_ctx),
         "--enforce-eager",  # no graph capture: start in ~30 s instead of minutes
+        "--enable-prompt-tokens-details",  # usage.prompt_tokens_details.cached_tokens per request
     ]
     env = {
         "VLLM_CPU_KVCACHE_SPACE": str(VLLM_KVCACHE_GIB),
@@ -186,6 +187,9 @@ def _vllm_launch(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_CACHE_ROOT": str(cache_dir() / "vllm"),
+        # the development routes, for POST /reset_prefix_cache between levels (tasks.cache);
+        # the server listens on 127.0.0.1 only
+        "VLLM_SERVER_DEV_MODE": "1",
     }
     if n_threads:
         env["OMP_NUM_THREADS"] = str(n_threads)

@@ -258,3 +258,38 @@ def test_server_metrics_scraped_beside_the_clients(sweep, mlflow_store) -> None:
             "ttft_ms_mean_client_minus_server",
             "server_client_disagree",
         } <= set(logged)
+
+
+def test_prefix_cache_measured_reset_and_isolated(vllm_endpoint, tmp_path) -> None:
+    """The embedded vLLM (prefix caching on, as vLLM defaults; dev mode for the reset; prompt
+    token details on): random prompts that share nothing hit nothing; two groups sharing a
+    256-token prefix read a hit rate within 10 points of the share a perfect cache would supply
+    and a lower TTFT than the same lengths unshared (the cache reset before them); the same
+    salted prompts again with the cache kept are found in it (what the warning is for)."""
+    from tasks.pipeline import stream_stage
+    from tasks.tracking import TrackingTarget
+
+    def run(**workload) -> dict:
+        cfg = StreamConfig(max_concurrency=[1], num_requests=6, warmup=1, max_tokens=4, **workload)
+        out = stream_stage.fn(
+            cfg, vllm_endpoint, TrackingTarget("vllm-cache", None, False), None, str(tmp_path)
+        )
+        return out["levels"][0]["metrics"]
+
+    plain = run(input_len=288, salt=7, keep_cache=True)
+    again = run(input_len=288, salt=7, keep_cache=True)  # before the next run resets the cache
+    shared = run(prefix_groups=2, prefix_len=256, input_len=32, seed=1)
+    print(
+        f"\nvLLM prefix cache: shared hit rate {shared['prefix_cache_hit_rate']:.3f} (expected "
+        f"{shared['expected_cached_token_fraction']:.3f}), TTFT p50 {shared['ttft_ms_p50']:.0f} ms vs "
+        f"{plain['ttft_ms_p50']:.0f} ms unshared; the same salted prompts again: hit rate "
+        f"{again['prefix_cache_hit_rate']:.3f}"
+    )
+    assert plain["expected_cached_token_fraction"] == 0.0 and plain["prefix_cache_hit_rate"] < 0.01
+    assert plain["prefix_cache_reset"] is None
+    assert shared["prefix_cache_reset"] == 1  # the dev-mode route answered
+    assert shared["expected_cached_token_fraction"] > 0.3
+    assert abs(shared["prefix_cache_hit_rate"] - shared["expected_cached_token_fraction"]) <= 0.10
+    assert shared["cached_token_fraction"] == pytest.approx(shared["prefix_cache_hit_rate"], abs=0.02)
+    assert shared["ttft_ms_p50"] < plain["ttft_ms_p50"]
+    assert again["expected_cached_token_fraction"] == 0.0 and again["prefix_cache_hit_rate"] > 0.5

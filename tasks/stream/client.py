@@ -218,18 +218,21 @@ async def stream_chat(
     end_ns = perf()
     # after the stream, never inside it: CLOCK_REALTIME - CLOCK_MONOTONIC for the kernel stamps
     offset_ns = rxclock.realtime_offset_ns() if state["rx_ns"] else 0
+    identity = {
+        "request_id": request_id,
+        "level": level,
+        "max_concurrency": max_concurrency,
+        "warmup": warmup,
+        "send_ns": send_ns,
+        "input_tokens": input_tokens,
+    }
     try:
         return _build_record(
             state,
-            send_ns,
+            identity,
             end_ns,
             failure,
             offset_ns=offset_ns,
-            request_id=request_id,
-            level=level,
-            max_concurrency=max_concurrency,
-            warmup=warmup,
-            input_tokens=input_tokens,
             count_tokens=count_tokens,
             api_key_env=api_key_env,
             model=model,
@@ -238,12 +241,7 @@ async def stream_chat(
         )
     except Exception as exc:  # noqa: BLE001 - whatever a server sent, the level keeps a record
         return RequestRecord(
-            request_id=request_id,
-            level=level,
-            max_concurrency=max_concurrency,
-            warmup=warmup,
-            send_ns=send_ns,
-            input_tokens=input_tokens,
+            **identity,
             error_class=BAD_PAYLOAD,
             error_message=f"the stream could not be read into a record: {type(exc).__name__}: {exc}",
         )
@@ -267,16 +265,11 @@ def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int]
 
 def _build_record(
     state: dict[str, Any],
-    send_ns: int,
+    identity: dict[str, Any],
     end_ns: int,
     failure: BaseException | None,
     *,
     offset_ns: int,
-    request_id: str,
-    level: int,
-    max_concurrency: int,
-    warmup: bool,
-    input_tokens: int | None,
     count_tokens: Callable[[str], int] | None,
     api_key_env: str | None,
     model: str,
@@ -288,17 +281,15 @@ def _build_record(
     The text chunks' times are their kernel receive stamps when every one has a usable stamp
     (``tasks.stream.rxclock.kernel_arrivals``; the user-space ones are kept beside them), else
     the user-space ones (``arrival_clock``), and where the kernel's were asked for
-    (``kernel_clock``) ``clock_fallback`` says why they could not be used."""
+    (``kernel_clock``) ``clock_fallback`` says why they could not be used. ``identity``: the
+    record's ``request_id``, ``level``, ``max_concurrency``, ``warmup``, ``send_ns`` and
+    ``input_tokens``."""
+    send_ns, input_tokens = identity["send_ns"], identity["input_tokens"]
     user_ns, parts = state["arrivals_ns"], state["parts"]
     kernel_ns, fallback = rxclock.kernel_arrivals(send_ns, user_ns, state["rx_ns"], offset_ns)
     arrivals_ns = kernel_ns if kernel_ns is not None else user_ns
     record = RequestRecord(
-        request_id=request_id,
-        level=level,
-        max_concurrency=max_concurrency,
-        warmup=warmup,
-        send_ns=send_ns,
-        input_tokens=input_tokens,
+        **identity,
         clock_fallback=fallback if kernel_clock else None,
         output_text="".join(parts),
         tool_calls=[

@@ -44,6 +44,8 @@ def describe_validation_error(
     loc = tuple(first["loc"])
     where = ".".join(str(part) for part in loc) or "(top level)"
     message = first["msg"]
+    if first["type"] == "value_error":  # our validators' own words, without pydantic's label
+        message = message.removeprefix("Value error, ")
     if first["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc[:-1]), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "check the spelling"

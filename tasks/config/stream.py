@@ -137,15 +137,28 @@ class StreamConfig(_Strict):
         if self.prefix_groups is not None:
             if self.prefix_len is None or self.input_len is None:
                 raise ValueError(
-                    "prefix_groups needs prefix_len (the shared tokens) and input_len (each request's own)"
+                    "prefix_groups (--prefix-groups) needs prefix_len (--prefix-len: the shared tokens) "
+                    "and input_len (--input-len: each request's own)"
                 )
             if self.dataset:
-                raise ValueError("prefix_groups builds its own prompts: give it or dataset, not both")
+                raise ValueError(
+                    "prefix_groups (--prefix-groups) builds its own prompts: give it or dataset (--dataset), not both"
+                )
         elif self.prefix_len is not None:
-            raise ValueError("prefix_len needs prefix_groups (how many shared prefixes)")
+            raise ValueError(
+                "prefix_len (--prefix-len) needs prefix_groups (--prefix-groups: how many shared prefixes)"
+            )
         trace = (self.dataset or "").partition(":")[0] in ("mooncake", "trace")
         if trace and any(r is not None for r in self.request_rate):
-            raise ValueError("a trace sets its own send times: drop request_rate (speed it with time_scale)")
+            raise ValueError(
+                "a trace sets its own send times: drop request_rate (--request-rate); speed it with "
+                "time_scale (--time-scale)"
+            )
+        if not trace and self.time_scale != 1.0:
+            raise ValueError(
+                "time_scale (--time-scale) speeds a recorded trace: give one with --dataset "
+                "mooncake:PATH or trace:PATH, or drop it"
+            )
         return self
 
     @field_validator("max_concurrency")

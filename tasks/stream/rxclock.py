@@ -177,7 +177,10 @@ _SLACK_NS = 200_000
 #: Why a record's arrivals stayed on the user-space clock although the kernel's was asked for.
 NO_STAMP = "a text chunk had no kernel receive stamp"
 CLOCK_STEPPED = "a converted kernel stamp fell outside the request (the wall clock stepped)"
-NO_STAMPED_SOCKET = "the connection's socket gave no receive timestamps"
+NO_STAMPED_SOCKET = (
+    "no stamped socket under the reply (aiohttp hands none out once it has released the "
+    "connection, as for a short reply read whole with its headers)"
+)
 
 
 def kernel_arrivals(

@@ -1,10 +1,10 @@
 """The audit flow: tokenize -> local profile -> remote stream -> sampling sweep -> report.
 
 One MLflow parent run per flow run, one child per stage (and per level / point under those).
-The stages are independent measurements: a stage that fails is recorded as failed on its own
-child run and on the parent, the others still run and keep their records, and the flow run
-ends Failed so Prefect's notifications fire. The embedded server is stopped when the remote
-stages end, on failure too.
+The stages are independent measurements: a stage that fails (a stream whose every request
+failed among them) is recorded as failed on its own child run and on the parent, the others
+still run and keep their records, and the flow run ends Failed so Prefect's notifications
+fire. The embedded server is stopped when the remote stages end, on failure too.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
 from tasks.report.baseline import judge
+from tasks.stream.errors import every_request_failed
 
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:
@@ -59,6 +60,9 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                     run.set_tags(endpoint.identity())
                     if config.stream.enabled:
                         attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
+                        failed = "stream" in stages and every_request_failed(stages["stream"]["levels"])
+                        if failed:  # its records are kept; a stream that measured nothing failed
+                            errors["stream"] = failed
                     if config.sweep.enabled:
                         attempt("sweep", lambda: sweep_stage(config.sweep, endpoint, **common))
             except Exception as exc:

@@ -36,9 +36,12 @@ def summary_text(capacity: dict | None, error: str | None) -> str:
 
 def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"capacity", "levels", "error", "mlflow_run_id", "workdir",
-    "ui_command", "runs_url"}`` (``capacity`` is ``CapacityResult.to_dict()``, None when it failed)."""
+    "ui_command", "runs_url"}`` (``capacity`` is ``CapacityResult.to_dict()``, None when it failed;
+    ``error`` also says ``every request failed; ...`` when no measured request succeeded, and
+    the run ends FAILED)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline.capacity import capacity_stage
+    from tasks.stream.errors import every_request_failed
 
     logger = get_run_logger()
     tags = {
@@ -54,6 +57,7 @@ def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
                 run.set_tags(endpoint.identity())
                 stage = capacity_stage(config.stream, config.capacity, endpoint, **run.stage_args())
             result.update(stage)
+            result["error"] = every_request_failed(stage["levels"])  # no capacity to speak of
         except Exception as exc:  # the records written so far stay in workdir
             result["error"] = f"{type(exc).__name__}: {exc}"
             logger.error("capacity failed: %s", result["error"])

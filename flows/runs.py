@@ -1,6 +1,7 @@
 """The parent MLflow run of a flow run: :func:`parent_run`, what every flow shares.
 
-It opens the tracking target, starts the parent run (environment and Prefect tags, the config
+It opens the tracking target (closing KILLED the runs a command killed by SIGKILL left
+RUNNING: ``Tracker.close_abandoned``), starts the parent run (environment and Prefect tags, the config
 flattened as params and whole as ``config.yaml``), makes the folder for the run's records, and
 on leaving the block logs the headline metrics and ``summary.md``, ends the run FINISHED or
 FAILED (error tag), and links it from a Prefect markdown artifact. A flow body only measures
@@ -145,6 +146,14 @@ def parent_run(
     workdir = new_workdir(flow_name)  # first: it holds the tracking journal should the server go
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track, journal=str(workdir))
     tracker = target.open()
+    for gone in tracker.close_abandoned():  # runs a SIGKILLed command could not end
+        logger.warning(
+            "MLflow run %s (%s) was left RUNNING by a process that is gone: marked KILLED; its "
+            "records are in %s",
+            gone["run_id"],
+            gone["name"],
+            gone["records_folder"] or "(no records folder)",
+        )
     all_tags = _tags(flow_name, tags or {})
     all_tags["config_name"] = run_name
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)

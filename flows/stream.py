@@ -21,13 +21,15 @@ from tasks.preflight import check_flow_settings
 
 def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     """The flow's body: returns ``{"levels", "headline", "error", "mlflow_run_id", "workdir",
-    "ui_command", "runs_url"}`` (``error`` is None, or the message of the failure that ended the run early).
+    "ui_command", "runs_url"}`` (``error`` is None, or the message of the failure that ended the run early,
+    or ``every request failed; ...`` when no measured request succeeded: the run ends FAILED).
 
     Raises:
         tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.report import summary as report
+    from tasks.stream.errors import every_request_failed
 
     logger = get_run_logger()
     # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:
@@ -50,6 +52,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
                 run.set_tags(endpoint.identity())
                 stage = stream_stage(config.stream, endpoint, **run.stage_args())
             result.update(levels=stage["levels"], headline=stage["headline"])
+            result["error"] = every_request_failed(stage["levels"])  # measured nothing: FAILED
         except Exception as exc:  # the records written so far stay in workdir and MLflow
             result["error"] = f"{type(exc).__name__}: {exc}"
             logger.error("stream failed: %s", result["error"])

@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import socket
 import time
 import uuid
 from collections.abc import Iterable, Mapping
@@ -28,8 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.run_owner import owner_gone, process_identity
 from tasks.tracking_journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
 from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_params: imported from here)
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
     MAX_PARAM_CHARS,
     artifact_root_for,
     canonical_param,
@@ -38,24 +42,20 @@ from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_par
     finite_metrics,
     flatten_params,
     run_dict,
+    runs_table_url,
+    ui_command,
 )
 
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 PARENT_TAG = "mlflow.parentRunId"
-#: The experiment tag the MLflow 3 UI reads to choose its view (its ``ExperimentKind`` enum in
-#: mlflow/server/js: ``genai_development`` opens Traces/Evaluations, ``custom_model_development``
-#: the classic runs table and metric charts); untagged experiments are guessed, and were guessed
-#: GenAI here. Set when this module creates an experiment, or finds one without it. MLflow
-#: 3.17's UI no longer reads it while its sidebar's GenAI / Model training switch is on (it
-#: is, in the bundled JS): the switch decides, from the URL's ``workflowType`` (default: the
-#: browser's last choice, GenAI at first), so :meth:`Tracker.runs_url` names the view.
-EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
-EXPERIMENT_KIND = "custom_model_development"
-#: The MLflow UI's classic view (``?workflowType=machine_learning``: "Model training").
-UI_WORKFLOW = "machine_learning"
-#: The port :meth:`Tracker.ui_command` starts ``mlflow ui`` on.
-UI_PORT = 5000
+#: Tags every run is created with (:mod:`tasks.run_owner`): the host and the identity of the
+#: process that created it, and the work folder its records are kept in (when it has one). A run
+#: left RUNNING by an owner that is gone is closed KILLED by the next command
+#: (:meth:`Tracker.close_abandoned`).
+OWNER_HOST_TAG = "owner_host"
+OWNER_TAG = "owner_process"
+RECORDS_TAG = "records_folder"
 #: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
@@ -111,6 +111,7 @@ class Tracker:
         self.tracking_uri = tracking_uri or (default_tracking_uri() if enabled else None)
         self._client = None
         self._experiment_id: str | None = None
+        self.workdir = journal
         self.journal = Journal(journal) if journal and enabled else None
         if enabled:
             from mlflow.tracking import MlflowClient
@@ -169,7 +170,10 @@ class Tracker:
         (a load level); default now."""
         if not self.enabled:
             return None
-        all_tags = {key: str(value) for key, value in (tags or {}).items()}
+        all_tags = {OWNER_HOST_TAG: socket.gethostname(), OWNER_TAG: process_identity()}
+        if self.workdir:
+            all_tags[RECORDS_TAG] = str(self.workdir)
+        all_tags.update({key: str(value) for key, value in (tags or {}).items()})
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         if self.journal is None:
@@ -186,6 +190,48 @@ class Tracker:
         return self._client.create_run(
             self._experiment_id, start_time=start_time_ms, run_name=name, tags=tags
         ).info.run_id
+
+    def close_abandoned(self) -> list[dict]:
+        """End KILLED every RUNNING run of this store (any experiment) whose owner
+        (:data:`OWNER_TAG`) ran on this host and is certainly gone (:func:`owner_gone`: a
+        command killed by SIGKILL could not end its runs), with an ``error`` tag naming the
+        process and the records folder. Runs of live processes, of other hosts, and runs
+        without the owner tags are left alone. Returns ``{"run_id", "name", "records_folder"}``
+        per run closed; nothing when tracking is off, offline, or the server does not answer."""
+        if not self.enabled or self.offline:
+            return []
+        try:
+            return self._close_abandoned()
+        except Exception as exc:
+            if server_gone(exc):
+                return []
+            raise
+
+    def _close_abandoned(self) -> list[dict]:
+        host = socket.gethostname()
+        experiments = [e.experiment_id for e in self._client.search_experiments()]
+        query = f"attributes.status = 'RUNNING' and tags.{OWNER_HOST_TAG} = '{host}'"
+        closed, page = [], None
+        while experiments:
+            runs = self._client.search_runs(experiments, query, max_results=1000, page_token=page)
+            for run in runs:
+                tags = run.data.tags
+                if not owner_gone(tags.get(OWNER_TAG, "")):
+                    continue
+                pid = tags[OWNER_TAG].split("/")[2]
+                folder = tags.get(RECORDS_TAG)
+                if "error" not in tags:  # a run that failed before its owner died says why
+                    where = f"; its records are in {folder}" if folder else ""
+                    message = f"killed: process {pid} on {host} ended without ending this run{where}"
+                    self._client.set_tag(run.info.run_id, "error", message)
+                self._client.set_terminated(run.info.run_id, status="KILLED")
+                closed.append(
+                    {"run_id": run.info.run_id, "name": run.info.run_name, "records_folder": folder}
+                )
+            page = runs.token
+            if not page:
+                break
+        return closed
 
     def end_run(self, run_id: str | None, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
         """End the run; ``end_time_ms`` (Unix ms) when what it records ended earlier (default now):
@@ -364,21 +410,16 @@ class Tracker:
         return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
 
     def ui_command(self) -> str:
-        """The command that opens the MLflow UI on this store."""
-        uri = self.tracking_uri or default_tracking_uri()
-        if uri.startswith("http"):
-            return f"open {uri}"
-        return f".venv/bin/mlflow ui --backend-store-uri {uri} --port {UI_PORT}"
+        """The command that opens the MLflow UI on this store (``tracking_values.ui_command``)."""
+        return ui_command(self.tracking_uri or default_tracking_uri())
 
     def runs_url(self) -> str | None:
-        """The experiment's runs table in the MLflow UI, in its classic (Model training) view:
-        on the tracking server, or on the ``mlflow ui`` of :meth:`ui_command` for a local
-        store. None when tracking is off or the experiment is not known (offline)."""
+        """The experiment's runs table in the MLflow UI's classic view
+        (``tracking_values.runs_table_url``); None when tracking is off or the experiment is not
+        known (offline)."""
         if not (self.enabled and self._experiment_id):
             return None
-        uri = self.tracking_uri or default_tracking_uri()
-        base = uri.rstrip("/") if uri.startswith("http") else f"http://127.0.0.1:{UI_PORT}"
-        return f"{base}/#/experiments/{self._experiment_id}/runs?workflowType={UI_WORKFLOW}"
+        return runs_table_url(self.tracking_uri or default_tracking_uri(), self._experiment_id)
 
     def replay(self, entry: dict, ids: Mapping[str, str]) -> str | None:
         """Send one journal entry (:mod:`tasks.tracking_journal`) to this store, ``offline-<key>``

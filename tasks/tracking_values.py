@@ -103,3 +103,35 @@ def run_dict(run) -> dict:
 def chunks(items: list, size: int) -> Iterable[list]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+#: The experiment tag the MLflow 3 UI reads to choose its view (its ``ExperimentKind`` enum in
+#: mlflow/server/js: ``genai_development`` opens Traces/Evaluations, ``custom_model_development``
+#: the classic runs table and metric charts); untagged experiments are guessed, and were guessed
+#: GenAI here. Set when ``tasks.tracking`` creates an experiment, or finds one without it. MLflow
+#: 3.17's UI no longer reads it while its sidebar's GenAI / Model training switch is on (it
+#: is, in the bundled JS): the switch decides, from the URL's ``workflowType`` (default: the
+#: browser's last choice, GenAI at first), so :func:`runs_table_url` names the view.
+EXPERIMENT_KIND_TAG = "mlflow.experimentKind"
+EXPERIMENT_KIND = "custom_model_development"
+#: The MLflow UI's classic view (``?workflowType=machine_learning``: "Model training").
+UI_WORKFLOW = "machine_learning"
+#: The port :func:`ui_command` starts ``mlflow ui`` on.
+UI_PORT = 5000
+
+
+def ui_command(uri: str) -> str:
+    """The command that opens the MLflow UI on the store at ``uri``."""
+    if uri.startswith("http"):
+        return f"open {uri}"
+    return f".venv/bin/mlflow ui --backend-store-uri {uri} --port {UI_PORT}"
+
+
+def runs_table_url(uri: str, experiment_id: str | None) -> str | None:
+    """The experiment's runs table in the MLflow UI's classic (Model training) view: on the
+    tracking server at ``uri``, or on the ``mlflow ui`` of :func:`ui_command` for a local store;
+    None without an experiment id (tracking off, or the experiment not known: offline)."""
+    if not experiment_id:
+        return None
+    base = uri.rstrip("/") if uri.startswith("http") else f"http://127.0.0.1:{UI_PORT}"
+    return f"{base}/#/experiments/{experiment_id}/runs?workflowType={UI_WORKFLOW}"

@@ -231,3 +231,32 @@ def test_capacity_command_tracks_levels_and_plot(server, tmp_path: Path) -> None
             [*command, flag, value, "--no-track"], capture_output=True, text=True, timeout=120, env=env
         )
         assert bad.returncode == 2 and flag in bad.stderr, bad.stderr[-500:]
+
+
+def test_capacity_where_every_request_fails_exits_1(server, tmp_path: Path) -> None:
+    """Every request answered with HTTP 500: no capacity (no bracket) and exit 1 naming the
+    first error, the parent run FAILED with it as its error tag, ``--json`` written all the
+    same (issue 23, item 8: before, exit 0 and a FINISHED run: a scheduled job showed green)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {**os.environ, "MLFLOW_TRACKING_URI": uri, "INFERMETER_WORK_DIR": str(tmp_path / "work")}
+    out = tmp_path / "capacity.json"
+    command = [str(BIN), "capacity", "--base-url", server.base_url, "--model", "http_500"]
+    options = ["--tokenizer", "gguf:default", "--goodput", "ttft_ms:500", "--num-requests", "3"]
+    options += ["--warmup", "0", "--client-bound-tolerance-ms", "50", "--json", str(out)]
+    proc = subprocess.run([*command, *options], capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 1, (proc.stdout[-2000:], proc.stderr[-2000:])
+    expected = (
+        "every request failed; first error (server): HTTP 500: server error. Server said: internal failure"
+    )
+    assert f"capacity failed: {expected}" in proc.stderr
+    data = json.loads(out.read_text())
+    capacity = data["capacity"]
+    assert capacity["capacity_requests_per_s"] is None and capacity["bracket_requests_per_s"] is None
+    assert capacity["stop_reason"].startswith("no capacity")
+    requests = [r for level in data["levels"] for r in level["requests"]]
+    assert len(requests) == 3 and all(r["error"]["class"] == "server" for r in requests)
+
+    from mlflow.tracking import MlflowClient
+
+    run = MlflowClient(uri).get_run(data["mlflow_run_id"])
+    assert run.info.status == "FAILED" and run.data.tags["error"] == expected

@@ -6,6 +6,7 @@ as failed while the sweep goes on. Real processes and a real MLflow SQLite store
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
@@ -107,9 +108,10 @@ def test_server_command_takes_its_server_with_it(signum, tmp_path) -> None:
 
 
 def test_sigterm_mid_stream_marks_the_runs_killed(server, tmp_path) -> None:
-    """SIGTERM (what `timeout` sends) mid-run: exit 130, the message names the records folder,
-    the parent and stream runs end KILLED (not RUNNING) with the journal logged, the temporary
-    Prefect API server is gone, and no "View at" link to it was printed."""
+    """SIGTERM (what `timeout` sends) mid-run: exit 143 (128 + 15; before: 130), the message
+    names the records folder, the parent and stream runs end KILLED (not RUNNING) with the
+    journal logged, the temporary Prefect API server is gone, and no "View at" link to it was
+    printed."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -122,7 +124,7 @@ def test_sigterm_mid_stream_marks_the_runs_killed(server, tmp_path) -> None:
     assert any("prefect.server.api.server" in " ".join(p.cmdline()) for p in family)
     os.kill(proc.pid, signal.SIGTERM)
     _assert_all_gone(family, proc)
-    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert proc.returncode == 143, log.read_text()[-3000:]
     text = log.read_text()
     workdir = next((tmp_path / "w").glob("*-stream-*"))
     assert "Interrupted" in text and str(workdir) in text.replace("\n", "")
@@ -219,7 +221,7 @@ def _finished_points(uri: str) -> int:
 
 def test_sigterm_mid_sweep_marks_the_runs_killed_and_keeps_finished_points(server, tmp_path) -> None:
     """SIGTERM mid-sweep (ten points of two ~1 s samples each against the ground-truth server,
-    one at a time): exit 130, no run left RUNNING (the parent, the sweep stage and the point in
+    one at a time): exit 143, no run left RUNNING (the parent, the sweep stage and the point in
     flight end KILLED), and the points that finished stay FINISHED with their samples."""
     from mlflow.tracking import MlflowClient
 
@@ -235,7 +237,7 @@ def test_sigterm_mid_sweep_marks_the_runs_killed_and_keeps_finished_points(serve
     family = _servers(proc)
     os.kill(proc.pid, signal.SIGTERM)
     _assert_all_gone(family, proc)
-    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert proc.returncode == 143, log.read_text()[-3000:]
     assert "Interrupted" in log.read_text()
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
@@ -254,7 +256,7 @@ def test_sigterm_mid_sweep_marks_the_runs_killed_and_keeps_finished_points(serve
 
 def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
     """SIGTERM during an audit's stream stage (tokenize and profile off, the ground-truth server
-    as the endpoint): exit 130, no run left RUNNING, the parent and the stream stage KILLED with
+    as the endpoint): exit 143, no run left RUNNING, the parent and the stream stage KILLED with
     the journal kept, and the sweep stage never started."""
     from mlflow.tracking import MlflowClient
 
@@ -275,7 +277,7 @@ def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
     family = _servers(proc)
     os.kill(proc.pid, signal.SIGTERM)
     _assert_all_gone(family, proc)
-    assert proc.returncode == 130, log.read_text()[-3000:]
+    assert proc.returncode == 143, log.read_text()[-3000:]
     assert "Interrupted" in log.read_text()
     client = MlflowClient(uri)
     runs = client.search_runs([e.experiment_id for e in client.search_experiments()])
@@ -285,3 +287,186 @@ def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
     parent = next(run for run in runs if "mlflow.parentRunId" not in run.data.tags)
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
     assert "requests.jsonl" in [a.path for a in client.list_artifacts(stage.info.run_id)]
+
+
+# Issue 23: failures that look green --------------------------------------------------------
+
+
+def _store_runs(uri: str) -> list:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(uri)
+    return client.search_runs([e.experiment_id for e in client.search_experiments()])
+
+
+def _owner_pid(run) -> int:
+    return int(run.data.tags["owner_process"].split("/")[2])
+
+
+def test_stream_where_every_request_fails_ends_failed(server, tmp_path) -> None:
+    """Every request answered with HTTP 500: exit 1 with the first error, and the parent and
+    stream runs end FAILED with it as their error tag (item 9; before: both FINISHED, no tag,
+    while the exit code said 1); the level's run and the records are kept."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = ["stream", "--base-url", server.base_url, "--model", "http_500", "--num-requests", "3"]
+    proc, log = _start(
+        [*args, "--max-concurrency", "1", "--warmup", "0"], tmp_path, {"MLFLOW_TRACKING_URI": uri}
+    )
+    assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    expected = "every request failed; first error (server): "
+    assert expected in log.read_text()
+    runs = {run.info.run_name: run for run in _store_runs(uri)}
+    parent = next(run for run in runs.values() if "mlflow.parentRunId" not in run.data.tags)
+    stage = runs["stream"]
+    assert (parent.info.status, stage.info.status) == ("FAILED", "FAILED")
+    assert parent.data.tags["error"].startswith(expected) and "internal failure" in parent.data.tags["error"]
+    assert stage.data.tags["error"] == parent.data.tags["error"]
+    level = runs["stream c=1 rate=inf"]
+    assert level.info.status == "FINISHED" and level.data.metrics["error_rate"] == 1.0
+
+
+def test_audit_whose_stream_requests_all_fail_fails_its_stream_stage(server, tmp_path) -> None:
+    """The audit's stream stage (the only stage here) against an endpoint that answers every
+    request with HTTP 500: the stage counts as failed (exit 1, parent and stage FAILED, the
+    parent's error naming the stage), as the stream command says (before: exit 0, FINISHED)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    config = tmp_path / "audit.yaml"
+    config.write_text(
+        "name: audit-all-failed\ntokenize: {enabled: false}\nprofile: {enabled: false}\n"
+        f"sweep: {{enabled: false}}\nendpoint: {{base_url: '{server.base_url}', model: 'http_500'}}\n"
+        "stream: {num_requests: 2, max_concurrency: [1], warmup: 0}\n"
+    )
+    out = tmp_path / "audit.json"
+    proc, log = _start(
+        ["audit", "--config", str(config), "--json", str(out)], tmp_path, {"MLFLOW_TRACKING_URI": uri}
+    )
+    assert proc.wait(timeout=600) == 1, log.read_text()[-3000:]
+    data = json.loads(out.read_text())
+    assert data["errors"]["stream"].startswith("every request failed; first error (server): ")
+    assert len(data["stages"]["stream"]["levels"][0]["requests"]) == 2  # the records are kept
+    runs = {run.info.run_name: run for run in _store_runs(uri)}
+    parent = next(run for run in runs.values() if "mlflow.parentRunId" not in run.data.tags)
+    assert (parent.info.status, runs["stream"].info.status) == ("FAILED", "FAILED")
+    assert parent.data.tags["error"] == f"stream: {data['errors']['stream']}"
+
+
+def test_close_abandoned_closes_only_runs_whose_owner_is_gone(tmp_path) -> None:
+    """Runs whose owner (host + boot id + pid namespace + pid + start time) is certainly gone
+    are marked KILLED with an error tag naming the process and the records folder, in every
+    experiment of the store (item 10); a live owner's runs, this process's, another host's,
+    another pid namespace's, and runs without the owner tags are left alone."""
+    from mlflow.tracking import MlflowClient
+
+    from tasks.run_owner import owner_gone, process_identity
+    from tasks.tracking import OWNER_HOST_TAG, OWNER_TAG, Tracker
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    host = socket.gethostname()
+    alive = subprocess.Popen(["sleep", "300"])
+    dead = subprocess.Popen(["sleep", "300"])
+    alive_id, dead_id = process_identity(alive.pid), process_identity(dead.pid)
+    dead.kill()
+    time.sleep(0.3)
+    assert owner_gone(dead_id)  # a zombie (not reaped yet) is gone
+    dead.wait()
+    boot, namespace, pid, start = process_identity().split("/")
+    assert int(pid) == os.getpid() and not owner_gone(process_identity()) and not owner_gone(alive_id)
+    reused = "/".join((boot, namespace, pid, str(int(start) + 1)))  # our pid, not our start time
+    rebooted = "/".join(("another-boot-id", namespace, pid, start))
+    other_namespace = "/".join((boot, "pid:[1]", str(dead.pid), dead_id.split("/")[3]))
+    try:
+        tracker = Tracker("owners", uri, journal=str(tmp_path / "records"))
+
+        def run(name: str, owner: str, owner_host: str = host) -> str:
+            return tracker.start_run(name, tags={OWNER_TAG: owner, OWNER_HOST_TAG: owner_host})
+
+        ids = {
+            "mine": tracker.start_run("mine"),
+            "alive": run("alive", alive_id),
+            "dead": run("dead", dead_id),
+            "reused": run("reused", reused),
+            "rebooted": run("rebooted", rebooted),
+            "other host": run("other host", dead_id, "elsewhere"),
+            "other namespace": run("other namespace", other_namespace),
+        }
+        ids["finished"] = run("finished", dead_id)
+        tracker.end_run(ids["finished"])
+        client = MlflowClient(uri)
+        ids["untagged"] = client.create_run(tracker._experiment_id, run_name="untagged").info.run_id
+        ids["dead elsewhere"] = Tracker("owners-2", uri).start_run(
+            "dead elsewhere", tags={OWNER_TAG: dead_id}
+        )
+
+        closed = Tracker("owners", uri).close_abandoned()
+        assert sorted(c["name"] for c in closed) == ["dead", "dead elsewhere", "rebooted", "reused"]
+        status = {name: client.get_run(run_id).info.status for name, run_id in ids.items()}
+        killed = {"dead", "dead elsewhere", "rebooted", "reused"}
+        assert status == {
+            n: "KILLED" if n in killed else "FINISHED" if n == "finished" else "RUNNING" for n in ids
+        }
+        assert client.get_run(ids["dead"]).data.tags["error"] == (
+            f"killed: process {dead.pid} on {host} ended without ending this run; "
+            f"its records are in {tmp_path / 'records'}"
+        )
+        assert client.get_run(ids["dead elsewhere"]).data.tags["error"] == (
+            f"killed: process {dead.pid} on {host} ended without ending this run"
+        )
+        assert "error" not in client.get_run(ids["alive"]).data.tags
+        assert Tracker("owners", uri).close_abandoned() == []  # nothing left to close
+    finally:
+        alive.kill()
+        alive.wait()
+
+
+def test_the_next_command_closes_the_runs_of_a_sigkilled_one(server, tmp_path) -> None:
+    """Two streams tracked in one store at once; one is killed by SIGKILL mid-level and its
+    runs stay RUNNING (it cannot end them). The next command against the store (a short
+    stream) marks them KILLED, with an error tag naming the process and its records folder,
+    and leaves the live command's runs RUNNING (item 10; before: RUNNING for ever). SIGTERM
+    then ends the live one: exit 143, its runs KILLED by itself."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    env = {"MLFLOW_TRACKING_URI": uri}
+    args = ["stream", "--base-url", server.base_url, "--model", "ticks:50:20", "--num-requests", "400"]
+    args += ["--max-concurrency", "2", "--warmup", "0"]
+    for name in ("live", "killed", "next"):
+        (tmp_path / name).mkdir()
+    _store_runs(uri)  # the store's tables first: two commands creating them at once collide
+    live, live_log = _start(args, tmp_path / "live", env)
+    killed, killed_log = _start(args, tmp_path / "killed", env)
+    try:
+        _wait_for(killed, killed_log, lambda: _journal_lines(tmp_path / "killed") >= 3)
+        _wait_for(live, live_log, lambda: _journal_lines(tmp_path / "live") >= 3)
+        family = _servers(killed)
+        os.kill(killed.pid, signal.SIGKILL)
+        _assert_all_gone(family, killed)
+        left = [run for run in _store_runs(uri) if _owner_pid(run) == killed.pid]
+        assert sorted(run.data.tags.get("stage", "parent") for run in left) == ["parent", "stream"]
+        assert {run.info.status for run in left} == {"RUNNING"}
+
+        short = ["stream", "--base-url", server.base_url, "--model", "ticks:3:5", "--num-requests", "2"]
+        after, after_log = _start([*short, "--warmup", "0"], tmp_path / "next", env)
+        assert after.wait(timeout=600) == 0, after_log.read_text()[-3000:]
+        runs = _store_runs(uri)
+        workdir = next((tmp_path / "killed" / "w").glob("*-stream-*"))
+        gone = [run for run in runs if _owner_pid(run) == killed.pid]
+        assert {run.info.status for run in gone} == {"KILLED"} and len(gone) == 2
+        for run in gone:
+            assert run.data.tags["error"] == (
+                f"killed: process {killed.pid} on {socket.gethostname()} ended without ending this "
+                f"run; its records are in {workdir}"
+            )
+        assert {run.info.status for run in runs if _owner_pid(run) == live.pid} == {"RUNNING"}
+        assert {run.info.status for run in runs if _owner_pid(run) == after.pid} == {"FINISHED"}
+        assert str(workdir) in after_log.read_text().replace("\n", "")  # its log says what it closed
+
+        family = _servers(live)
+        os.kill(live.pid, signal.SIGTERM)
+        _assert_all_gone(family, live)
+        assert live.returncode == 143, live_log.read_text()[-3000:]
+        mine = [run for run in _store_runs(uri) if _owner_pid(run) == live.pid]
+        assert {run.info.status for run in mine} == {"KILLED"} and len(mine) == 2
+        assert not any(run.data.tags["error"].startswith("killed: process") for run in mine)
+    finally:
+        for proc in (live, killed):
+            if proc.poll() is None:
+                proc.kill()

@@ -232,8 +232,9 @@ def run_flow(
 
     Raises:
         typer.Exit: 1 when the flow crashed before producing a result (the cause goes to
-            stderr); 130 after a Ctrl-C or SIGTERM, once the runs are marked as interrupted
-            (what finished is kept: the message names the records folder).
+            stderr); 128 + the signal after one ended it (130 for a Ctrl-C, 143 for SIGTERM:
+            :func:`interrupted_exit_code`), once the runs are marked as interrupted (what
+            finished is kept: the message names the records folder).
     """
     from prefect.exceptions import TerminationSignal
 
@@ -246,7 +247,10 @@ def run_flow(
     try:
         with prefect_api():
             state = flow(*args, return_state=True, **kwargs)
-    except (KeyboardInterrupt, TerminationSignal):  # Ctrl-C, or SIGTERM (flows.commands.app)
+    except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, or SIGTERM (flows.commands.app)
+        code = interrupted_exit_code(getattr(exc, "signal", None))
+        if not _SIGNALS:  # Prefect's handler took it and did not pass it on: the exit says which
+            note_signal(code - 128)
         workdir = latest_workdir()
         where = f"in {workdir}" if workdir else "(no records folder was made yet)"
         console.print(
@@ -254,7 +258,7 @@ def run_flow(
             f"that finished are kept {where}",
             highlight=False,
         )
-        raise typer.Exit(130) from None
+        raise typer.Exit(code) from None
     result = state.result(raise_on_failure=False)
     report_tracking_journal((result.get("workdir") if isinstance(result, dict) else None) or latest_workdir())
     if not isinstance(result, dict):
@@ -262,6 +266,30 @@ def run_flow(
         raise typer.Exit(1)
     write_json(json_path, {key: result[key] for key in (*json_keys, "mlflow_run_id")})
     return state, result
+
+
+#: The signals that interrupted this command, first first (:func:`note_signal`).
+_SIGNALS: list[int] = []
+
+
+def note_signal(signum: int) -> None:
+    """Remember a signal that is interrupting the command (``flows.commands.app``'s handlers
+    call it before raising KeyboardInterrupt): the exit code will say which."""
+    _SIGNALS.append(signum)
+
+
+def interrupted() -> bool:
+    """Whether a signal interrupted this command (:func:`note_signal`)."""
+    return bool(_SIGNALS)
+
+
+def interrupted_exit_code(signum: int | None = None) -> int:
+    """The shell's convention for a command a signal ended: 128 + its number (130 for SIGINT,
+    143 for SIGTERM). ``signum``: the signal if known (Prefect's TerminationSignal carries it),
+    else the first one noted, else SIGINT (Python's own Ctrl-C)."""
+    import signal
+
+    return 128 + (signum or (_SIGNALS[0] if _SIGNALS else signal.SIGINT))
 
 
 #: Lines a command ends with, after its tables (:func:`closing_lines`, called by ``app.main``).
@@ -284,9 +312,14 @@ def report_tracking_journal(workdir: str | Path | None) -> None:
 
 def closing_lines(code: Any) -> Any:
     """Print the lines the command saved for its end (stderr); the exit code becomes 1 when
-    it was 0 and there were any."""
+    it was 0 and there were any, and 128 + the signal when one interrupted the command
+    (:func:`note_signal`) and it did not end cleanly, wherever it was when the signal came
+    (click turns a KeyboardInterrupt outside a flow into "Aborted!" and exit 1; ``infermeter
+    server``, which Ctrl-C stops by design, still exits 0)."""
     for line in _CLOSING:
         typer.echo(line, err=True)
+    if _SIGNALS and code not in (0, None):
+        return interrupted_exit_code()
     return 1 if _CLOSING and code in (0, None) else code
 
 

@@ -249,16 +249,16 @@ def command(
         print_levels(result["levels"])
     print_run_links(result)
     if result["error"]:
-        typer.echo(
-            f"stream failed: {result['error']}; the requests finished before it are in "
-            f"{Path(result['workdir']) / 'requests.jsonl'}",
-            err=True,
-        )
-        raise typer.Exit(1)
-    measured = [r for lv in result["levels"] for r in lv["requests"] if not r["warmup"]]
-    if measured and all(r["error"] is not None for r in measured):
-        first = measured[0]["error"]
-        typer.echo(f"every request failed; first error ({first['class']}): {first['message']}", err=True)
+        from tasks.stream.errors import every_request_failed
+
+        if result["error"] == every_request_failed(result["levels"]):  # measured, none succeeded
+            typer.echo(result["error"], err=True)
+        else:
+            typer.echo(
+                f"stream failed: {result['error']}; the requests finished before it are in "
+                f"{Path(result['workdir']) / 'requests.jsonl'}",
+                err=True,
+            )
         raise typer.Exit(1)
 
 

@@ -32,7 +32,8 @@ def _token_counter(tokenizer):
 
 
 class StageRun:
-    """A stage's child run: ended FINISHED; FAILED with the error recorded on it; or KILLED
+    """A stage's child run: ended FINISHED; FAILED with the error recorded on it (an exception,
+    or what :meth:`fail` said of a stage that ran to its end but measured nothing); or KILLED
     when the command was interrupted (Ctrl-C, SIGTERM: an exception that is not an
     ``Exception``). A run that did not finish logs the records it has (:meth:`keep`), so what
     was measured before the interruption is in MLflow, not only on disk."""
@@ -41,6 +42,12 @@ class StageRun:
         self.tracker = target.open()
         self.run_id = self.tracker.start_run(name, parent_run_id, {"stage": name, **(tags or {})})
         self._kept: list[Path] = []
+        self._failure: str | None = None
+
+    def fail(self, error: str) -> None:
+        """End the run FAILED with ``error`` as its ``error`` tag, though no exception left the
+        block (every request failed: the records are logged, the measurement is not one)."""
+        self._failure = error
 
     def keep(self, path: Path) -> None:
         """A record file (a crash-safe journal) to log as an artifact should the stage not
@@ -52,7 +59,9 @@ class StageRun:
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc is None:
-            self.tracker.end_run(self.run_id, "FINISHED")
+            if self._failure:
+                self.tracker.set_tags(self.run_id, {"error": self._failure[:500]})
+            self.tracker.end_run(self.run_id, "FAILED" if self._failure else "FINISHED")
             return
         interrupted = not isinstance(exc, Exception)
         error = f"{exc_type.__name__}: {exc}" if str(exc) else exc_type.__name__

@@ -14,6 +14,7 @@ from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.report import plots as plots_module
+from tasks.stream.errors import every_request_failed
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
@@ -35,7 +36,9 @@ def stream_stage(
     kept at once (``requests.jsonl``), Parquet and plots at the end. The audit's remote stage
     and ``infermeter stream`` both run this. When the server exposes Prometheus ``/metrics``
     it is scraped before and after each level's measured requests (``server_*`` metrics,
-    ``tasks.stream.levels``). One child run per level, logged as the level finishes.
+    ``tasks.stream.levels``). One child run per level, logged as the level finishes. When
+    every measured request failed the stage's run ends FAILED (``error`` tag: the first error),
+    its records logged and returned all the same.
 
     Returns ``{"levels": [{"max_concurrency", "request_rate", "metrics", "requests"}],
     "headline", "mlflow_run_id"}``.
@@ -112,6 +115,9 @@ def stream_stage(
                 run.tracker.log_artifact(run.run_id, path, "plots")
         headline = {k: levels[0]["metrics"].get(k) for k in STREAM_HEADLINE}
         run.tracker.log_metrics(run.run_id, headline)
+        failed = every_request_failed(levels)
+        if failed:  # the records are kept and returned; the run says it measured nothing
+            run.fail(failed)
         return {"levels": levels, "headline": headline, "mlflow_run_id": run.run_id}
 
 

@@ -242,3 +242,15 @@ def _classify(
         return BAD_PAYLOAD, f"the server sent bytes that are not UTF-8: {exc}"
     text = str(exc)
     return UNKNOWN, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def every_request_failed(levels: Iterable[dict]) -> str | None:
+    """When every measured request of the levels (``Level.to_dict()`` each: ``requests`` with
+    ``warmup`` and ``error``) failed: ``every request failed; first error (<class>): <message>``,
+    the error a flow ends with (a run that measured nothing ends FAILED, as the command's exit
+    code says). None when one succeeded, or none was measured."""
+    measured = [r for level in levels for r in level["requests"] if not r["warmup"]]
+    if not measured or any(r["error"] is None for r in measured):
+        return None
+    first = measured[0]["error"]
+    return f"every request failed; first error ({first['class']}): {first['message']}"

@@ -1,0 +1,90 @@
+"""Which process owns an MLflow run, and whether that process is gone.
+
+Every run is created with its owner's host name and identity (:mod:`tasks.tracking` tags it): a
+command killed by SIGKILL (the OOM killer, a CI runner's timeout) cannot end its runs, so the
+next command against the store closes the RUNNING runs whose owner is certainly gone
+(``Tracker.close_abandoned``). "Certainly" is what keeps a live command's runs open, however
+many run at once:
+
+- the identity is ``<boot id>/<pid namespace>/<pid>/<start time>`` (Linux: the kernel's boot
+  id, ``/proc/<pid>/ns/pid``, and the process's start time in clock ticks since boot, field 22
+  of ``/proc/<pid>/stat``), so a pid the kernel handed to another process since is not taken
+  for the owner;
+- only runs of this host are judged (the caller filters on the host name), and only when the
+  pid namespace is ours (a container that shares the host name and the store, but not our
+  pids, cannot be seen: never judged);
+- a different boot id on the same host means the machine restarted since: the owner is gone.
+
+Where ``/proc`` is missing (not Linux) the identity holds ``-`` for what it cannot read and the
+judgement falls back on whether the pid exists. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+
+__all__ = ["owner_gone", "process_identity"]
+
+UNKNOWN = "-"
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, encoding="ascii") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _boot_id() -> str:
+    return _read("/proc/sys/kernel/random/boot_id") or UNKNOWN
+
+
+def _pid_namespace(pid: int) -> str:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")  # e.g. pid:[4026531836]
+    except OSError:
+        return UNKNOWN
+
+
+def _stat(pid: int) -> tuple[str, str] | None:
+    """(state, start time in ticks) of ``pid`` from ``/proc/<pid>/stat``; None: no such file."""
+    text = _read(f"/proc/{pid}/stat")
+    if text is None:
+        return None
+    fields = text.rsplit(")", 1)[1].split()  # the name, in parentheses, may hold spaces
+    return fields[0], fields[19]
+
+
+def process_identity(pid: int | None = None) -> str:
+    """``<boot id>/<pid namespace>/<pid>/<start time>`` of ``pid`` (default: this process)."""
+    pid = pid or os.getpid()
+    stat = _stat(pid)
+    return "/".join((_boot_id(), _pid_namespace(pid), str(pid), stat[1] if stat else UNKNOWN))
+
+
+def owner_gone(identity: str) -> bool:
+    """Whether the process that ``identity`` (:func:`process_identity`, read on this host)
+    names has certainly ended; False when it is alive or cannot be judged from here."""
+    try:
+        boot, namespace, pid_text, start = identity.split("/")
+        pid = int(pid_text)
+    except ValueError:
+        return False  # not ours to judge
+    if boot != UNKNOWN and _boot_id() not in (UNKNOWN, boot):
+        return True  # this host restarted since
+    if namespace != UNKNOWN and _pid_namespace(os.getpid()) != namespace:
+        return False  # another pid namespace: its pids are not ours to look up
+    stat = _stat(pid)
+    if stat is None:
+        if os.path.isdir("/proc/self"):
+            return True
+        try:  # no /proc: the pid alone
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    state, started = stat
+    return state in ("Z", "X") or (start != UNKNOWN and started != start)

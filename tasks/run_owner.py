@@ -22,8 +22,23 @@ judgement falls back on whether the pid exists. Standard library only.
 from __future__ import annotations
 
 import os
+from typing import Any
 
-__all__ = ["owner_gone", "process_identity"]
+__all__ = [
+    "OWNER_HOST_TAG",
+    "OWNER_TAG",
+    "RECORDS_TAG",
+    "close_abandoned_runs",
+    "owner_gone",
+    "process_identity",
+]
+
+#: Tags every run is created with (``tasks.tracking``): the host and the identity of the process
+#: that created it, and the work folder its records are kept in (when it has one). A run left
+#: RUNNING by an owner that is gone is closed KILLED by the next command (``close_abandoned_runs``).
+OWNER_HOST_TAG = "owner_host"
+OWNER_TAG = "owner_process"
+RECORDS_TAG = "records_folder"
 
 UNKNOWN = "-"
 
@@ -88,3 +103,31 @@ def owner_gone(identity: str) -> bool:
         return False
     state, started = stat
     return state in ("Z", "X") or (start != UNKNOWN and started != start)
+
+
+def close_abandoned_runs(client: Any, host: str) -> list[dict]:
+    """End KILLED every RUNNING run of the store (any experiment) that ``client`` (an
+    ``MlflowClient``: only its methods are called, mlflow is not imported here) reaches whose
+    owner ran on ``host`` and is certainly gone (:func:`owner_gone`), with an ``error`` tag naming
+    the process and the records folder (a run that failed before keeps its own). Returns
+    ``{"run_id", "name", "records_folder"}`` per run closed."""
+    experiments = [e.experiment_id for e in client.search_experiments()]
+    query = f"attributes.status = 'RUNNING' and tags.{OWNER_HOST_TAG} = '{host}'"
+    closed, page = [], None
+    while experiments:
+        runs = client.search_runs(experiments, query, max_results=1000, page_token=page)
+        for run in runs:
+            tags = run.data.tags
+            if not owner_gone(tags.get(OWNER_TAG, "")):
+                continue
+            pid, folder = tags[OWNER_TAG].split("/")[2], tags.get(RECORDS_TAG)
+            if "error" not in tags:  # a run that failed before its owner died says why
+                where = f"; its records are in {folder}" if folder else ""
+                message = f"killed: process {pid} on {host} ended without ending this run{where}"
+                client.set_tag(run.info.run_id, "error", message)
+            client.set_terminated(run.info.run_id, status="KILLED")
+            closed.append({"run_id": run.info.run_id, "name": run.info.run_name, "records_folder": folder})
+        page = runs.token
+        if not page:
+            break
+    return closed

@@ -29,7 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.run_owner import owner_gone, process_identity
+from tasks.run_owner import (  # noqa: F401  (the tags: imported from here too)
+    OWNER_HOST_TAG,
+    OWNER_TAG,
+    RECORDS_TAG,
+    close_abandoned_runs,
+    process_identity,
+)
 from tasks.tracking_journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
 from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_params: imported from here)
     EXPERIMENT_KIND,
@@ -49,13 +55,6 @@ from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_par
 MAX_PARAMS_PER_BATCH = 100
 MAX_METRICS_PER_BATCH = 1000
 PARENT_TAG = "mlflow.parentRunId"
-#: Tags every run is created with (:mod:`tasks.run_owner`): the host and the identity of the
-#: process that created it, and the work folder its records are kept in (when it has one). A run
-#: left RUNNING by an owner that is gone is closed KILLED by the next command
-#: (:meth:`Tracker.close_abandoned`).
-OWNER_HOST_TAG = "owner_host"
-OWNER_TAG = "owner_process"
-RECORDS_TAG = "records_folder"
 #: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
@@ -177,61 +176,33 @@ class Tracker:
         if parent_run_id:
             all_tags[PARENT_TAG] = parent_run_id
         if self.journal is None:
-            return self._create(name, all_tags, start_time_ms)
+            return self.create_run(name, all_tags, start_time_ms)
         key = uuid.uuid4().hex
         all_tags[RUN_KEY_TAG] = key  # finds the run again should its create be journaled
         start = start_time_ms or int(time.time() * 1000)
         fields = {"key": key, "name": name, "tags": all_tags, "start_time_ms": start}
-        return self._write("create_run", fields, lambda: self._create(name, all_tags, start)) or (
+        return self._write("create_run", fields, lambda: self.create_run(name, all_tags, start)) or (
             OFFLINE_PREFIX + key
         )
 
-    def _create(self, name: str, tags: dict[str, str], start_time_ms: int | None) -> str:
+    def create_run(self, name: str, tags: dict[str, str], start_time_ms: int | None) -> str:
+        """A new run with exactly these tags (start_run's, or a journaled one sent again)."""
         return self._client.create_run(
             self._experiment_id, start_time=start_time_ms, run_name=name, tags=tags
         ).info.run_id
 
     def close_abandoned(self) -> list[dict]:
-        """End KILLED every RUNNING run of this store (any experiment) whose owner
-        (:data:`OWNER_TAG`) ran on this host and is certainly gone (:func:`owner_gone`: a
-        command killed by SIGKILL could not end its runs), with an ``error`` tag naming the
-        process and the records folder. Runs of live processes, of other hosts, and runs
-        without the owner tags are left alone. Returns ``{"run_id", "name", "records_folder"}``
-        per run closed; nothing when tracking is off, offline, or the server does not answer."""
+        """End KILLED the RUNNING runs of this store whose owner on this host is certainly gone
+        (``tasks.run_owner.close_abandoned_runs``: a command killed by SIGKILL could not end
+        them); nothing when tracking is off, offline, or the server does not answer."""
         if not self.enabled or self.offline:
             return []
         try:
-            return self._close_abandoned()
+            return close_abandoned_runs(self._client, socket.gethostname())
         except Exception as exc:
             if server_gone(exc):
                 return []
             raise
-
-    def _close_abandoned(self) -> list[dict]:
-        host = socket.gethostname()
-        experiments = [e.experiment_id for e in self._client.search_experiments()]
-        query = f"attributes.status = 'RUNNING' and tags.{OWNER_HOST_TAG} = '{host}'"
-        closed, page = [], None
-        while experiments:
-            runs = self._client.search_runs(experiments, query, max_results=1000, page_token=page)
-            for run in runs:
-                tags = run.data.tags
-                if not owner_gone(tags.get(OWNER_TAG, "")):
-                    continue
-                pid = tags[OWNER_TAG].split("/")[2]
-                folder = tags.get(RECORDS_TAG)
-                if "error" not in tags:  # a run that failed before its owner died says why
-                    where = f"; its records are in {folder}" if folder else ""
-                    message = f"killed: process {pid} on {host} ended without ending this run{where}"
-                    self._client.set_tag(run.info.run_id, "error", message)
-                self._client.set_terminated(run.info.run_id, status="KILLED")
-                closed.append(
-                    {"run_id": run.info.run_id, "name": run.info.run_name, "records_folder": folder}
-                )
-            page = runs.token
-            if not page:
-                break
-        return closed
 
     def end_run(self, run_id: str | None, status: str = "FINISHED", end_time_ms: int | None = None) -> None:
         """End the run; ``end_time_ms`` (Unix ms) when what it records ended earlier (default now):
@@ -421,59 +392,27 @@ class Tracker:
             return None
         return runs_table_url(self.tracking_uri or default_tracking_uri(), self._experiment_id)
 
-    def replay(self, entry: dict, ids: Mapping[str, str]) -> str | None:
-        """Send one journal entry (:mod:`tasks.tracking_journal`) to this store, ``offline-<key>``
-        run ids mapped through ``ids``. A ``create_run`` returns the run's id: the run its key
-        tag finds (an earlier try that reached the server), else a new one.
+    def find_run_by_key(self, key: str) -> str | None:
+        """The id of this experiment's run tagged ``infermeter_run_key = key``, or None."""
+        found = self._client.search_runs(
+            [self._experiment_id], f"tags.{RUN_KEY_TAG} = '{key}'", max_results=1
+        )
+        return found[0].info.run_id if found else None
 
-        Raises:
-            LookupError: the entry names an offline run that was never created.
-            mlflow.exceptions.MlflowException: the server refused or did not answer.
-        """
+    def send_batch(self, run_id: str, metrics: list, params: list, tags: list) -> None:
+        """One ``log_batch`` from plain lists (``[key, value, timestamp, step]``, ``[key,
+        value]``, ``[key, value]``: a journal's), synchronously; failures raise."""
         from mlflow.entities import Metric, Param, RunTag
 
-        def real(value: str) -> str:
-            return ids.get(value, value)
+        self._client.log_batch(
+            run_id,
+            metrics=[Metric(*m) for m in metrics],
+            params=[Param(*p) for p in params],
+            tags=[RunTag(*t) for t in tags],
+            synchronous=True,
+        )
 
-        if entry["op"] == "create_run":
-            key = entry["key"]
-            found = self._client.search_runs(
-                [self._experiment_id], f"tags.{RUN_KEY_TAG} = '{key}'", max_results=1
-            )
-            tags = {k: real(v) if k == PARENT_TAG else v for k, v in entry["tags"].items()}
-            return (
-                found[0].info.run_id if found else self._create(entry["name"], tags, entry["start_time_ms"])
-            )
-        run_id = real(entry["run_id"])
-        if run_id.startswith(OFFLINE_PREFIX):
-            raise LookupError(f"journal entry {entry['id']}: run {run_id} was never created")
-        op, data, file = entry["op"], entry.get("data"), entry.get("file")
-        if op == "log_batch":
-            self._client.log_batch(
-                run_id,
-                metrics=[Metric(*m) for m in entry["metrics"]],
-                params=[Param(*p) for p in entry["params"]],
-                tags=[RunTag(k, real(v) if k == PARENT_TAG else v) for k, v in entry["tags"]],
-                synchronous=True,
-            )
-        elif op == "artifact":
-            self._client.log_artifact(run_id, entry["path"], entry["artifact_path"])
-        elif op in ("text", "dict", "table"):
-            getattr(self._client, f"log_{op}")(run_id, data, file)
-        elif op == "end":
-            self._client.set_terminated(run_id, status=entry["status"], end_time=entry["end_time_ms"])
-        return None
-
-
-def journal_replayer(tracking_uri: str):
-    """``replay(entry, ids)`` for :func:`tasks.tracking_journal.sync`: each entry through a
-    tracker (no journal: failures raise) of its own experiment at ``tracking_uri``."""
-    trackers: dict[str, Tracker] = {}
-
-    def replay(entry: dict, ids: Mapping[str, str]) -> str | None:
-        name = entry["experiment"]
-        if name not in trackers:
-            trackers[name] = Tracker(name, tracking_uri)
-        return trackers[name].replay(entry, ids)
-
-    return replay
+    @property
+    def client(self) -> Any:
+        """The MLflow client (artifacts, tables, ends replayed by ``tasks.tracking_sync``)."""
+        return self._client

@@ -10,8 +10,9 @@ from __future__ import annotations
 from mlflow.tracking import MlflowClient
 
 from tasks.server import free_port
-from tasks.tracking import PARENT_TAG, Tracker, journal_replayer
+from tasks.tracking import PARENT_TAG, Tracker
 from tasks.tracking_journal import offline_note, pending_entries, short_reason, sync
+from tasks.tracking_sync import journal_replayer
 
 
 def test_gone_server_journals_then_sync_replays_once(tmp_path, monkeypatch):

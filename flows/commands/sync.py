@@ -50,8 +50,8 @@ def command(
             check_tracking_server(uri)
         except PreflightError as exc:
             fail_input(f"{setting}: {exc.message}; start it (or give --tracking-uri), then sync again")
-    from tasks.tracking import journal_replayer
     from tasks.tracking_journal import sync
+    from tasks.tracking_sync import journal_replayer
 
     try:
         result = sync(run_folder, uri, journal_replayer(uri))

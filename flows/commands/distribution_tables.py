@@ -26,6 +26,7 @@ def print_distribution(rows: list[dict]) -> None:
         table = make_table(
             f"sampler's view, T={t:g}: next-token distribution (greedy path)", columns, compact=True
         )
+        table.columns[0].no_wrap = True  # its row labels ("entropy", "top_p 0.9") stay whole
         ranks = max(len(c["top"]) for c in cells.values())
         for rank in range(ranks):
             row = [str(rank + 1)]

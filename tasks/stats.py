@@ -224,6 +224,30 @@ def aggregate_level(
         good = sum(1 for r in ok if meets_slos(r, goodput_slos))
         out["goodput_requests_per_s"] = _per_second(good, wall_s)
         out["goodput_fraction"] = good / num_requests if num_requests else None
+    out.update(by_turn(measured))
+    return out
+
+
+def by_turn(records: Iterable[Any]) -> dict[str, float | int | None]:
+    """Conversation figures by turn index (records with a ``turn``; none: an empty dict):
+    ``num_sessions`` and, for each turn ``k``, ``num_requests_turn{k}`` (turns sent),
+    ``ttft_ms_p50_turn{k}`` and ``e2e_ms_p50_turn{k}`` (successful turns),
+    ``input_tokens_mean_turn{k}`` (prompt tokens: the history grows with the turn) and
+    ``cached_tokens_mean_turn{k}`` (the server's ``cached_tokens``; None when it sent none), so
+    that turn 5 can be compared with turn 1 (guidellm's and AIPerf's per-turn views)."""
+    turns = [r for r in records if _field(r, "turn") is not None]
+    if not turns:
+        return {}
+    out: dict[str, float | int | None] = {"num_sessions": len({_field(r, "session_id") for r in turns})}
+    for k in sorted({_field(r, "turn") for r in turns}):
+        sent = [r for r in turns if _field(r, "turn") == k]
+        ok = [r for r in sent if _succeeded(r)]
+        out[f"num_requests_turn{k}"] = len(sent)
+        out[f"ttft_ms_p50_turn{k}"] = summarize(_field(r, "ttft_ms") for r in ok)["p50"]
+        out[f"e2e_ms_p50_turn{k}"] = summarize(_field(r, "e2e_ms") for r in ok)["p50"]
+        for name in ("input_tokens", "cached_tokens"):
+            values = [_field(r, name) for r in ok if _field(r, name) is not None]
+            out[f"{name}_mean_turn{k}"] = sum(values) / len(values) if values else None
     return out
 
 

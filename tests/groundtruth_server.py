@@ -820,7 +820,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 steps = _prompt_cache_steps(prompt in state.cached_prompts)
                 state.cached_prompts.add(prompt)
             elif model == "prefix_cache":
-                steps = _prefix_cache_steps(state, str((request.get("messages") or [{}])[0].get("content")))
+                # every message's words, in order: a conversation's history is its prompt's prefix
+                said = " ".join(str(m.get("content")) for m in request.get("messages") or [])
+                steps = _prefix_cache_steps(state, said)
             else:
                 scenarios = SCENARIOS if api == "chat" else COMPLETIONS_SCENARIOS
                 steps = scenarios.get(model) or _rendezvous(model)

@@ -141,3 +141,103 @@ def test_a_run_that_shares_nothing_is_warned_when_it_hits_the_cache(server, tmp_
     done, result = stream(server, tmp_path, *args)  # the same salt, the cache reset first
     assert result["levels"][0]["metrics"]["prefix_cache_hit_rate"] == 0.0
     assert result["levels"][0]["metrics"]["prefix_cache_reset"] == 1
+
+
+def _sessions(level: dict) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in sorted((r for r in level["requests"] if not r["warmup"]), key=lambda r: r["send_ns"]):
+        out.setdefault(r["session_id"], []).append(r)
+    return out
+
+
+def test_conversations_send_the_live_history_after_the_think_time(server, tmp_path) -> None:
+    """4 synthetic 3-turn conversations, 2 users, 0.2 s think time, against the instrument's
+    prefix cache (over the words of every message): each turn goes after the previous reply
+    plus the think time, its messages are the earlier turns and the replies the server gave,
+    and the cache hands each turn exactly the previous turn's prompt."""
+    server.reset()
+    done, result = stream(
+        server, tmp_path, "--model", "prefix_cache", "--turns", "3", "--input-len", "8",
+        "--num-requests", "4", "--max-concurrency", "2", "--think-time-s", "0.2", "--max-tokens", "4",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (level,) = result["levels"]
+    sessions = _sessions(level)
+    assert len(sessions) == 4 and all([r["turn"] for r in s] == [1, 2, 3] for s in sessions.values())
+    bodies = {}
+    for body in server.stats()["requests"]:
+        bodies[body["messages"][-1]["content"]] = body
+    for turns in sessions.values():
+        for earlier, later in zip(turns, turns[1:]):
+            finished_ns = earlier["send_ns"] + earlier["stream_close_ms"] * 1e6
+            assert later["send_ns"] - finished_ns >= 0.2e9  # the think time, after the reply
+            assert later["send_ns"] - finished_ns < 0.2e9 + 50e6
+            assert later["cached_tokens"] == earlier["usage_prompt_tokens"]  # the whole history
+        # the history is what the server answered, not a placeholder
+        sent = [b for b in server.stats()["requests"] if b.get("messages") and len(b["messages"]) == 5]
+        assert sent and all(b["messages"][1] == {"role": "assistant", "content": "ok ok"} for b in sent)
+        assert turns[0]["cached_tokens"] == 0
+    m = level["metrics"]
+    assert m["num_sessions"] == 4 and m["num_requests"] == 12
+    assert m["num_requests_turn1"] == m["num_requests_turn3"] == 4
+    assert m["cached_tokens_mean_turn1"] == 0
+    assert 0 < m["cached_tokens_mean_turn2"] < m["cached_tokens_mean_turn3"]
+    assert m["input_tokens_mean_turn1"] < m["input_tokens_mean_turn2"] < m["input_tokens_mean_turn3"]
+    assert m["ttft_ms_p50_turn2"] is not None and "by turn" in done.stdout
+
+
+def test_a_sharegpt_file_replays_its_human_turns_with_live_replies(server, tmp_path) -> None:
+    """Whole ShareGPT conversations: the human turns go out verbatim and in order, each with the
+    length of the file's answer as max_tokens; the history holds the server's replies, never
+    the file's."""
+    rows = [
+        {"conversations": [
+            {"from": "human", "value": "Name a fruit."}, {"from": "gpt", "value": "An apple is one fruit."},
+            {"from": "human", "value": "And a colour?"}, {"from": "gpt", "value": "Red."},
+            {"from": "human", "value": "Thanks."},
+        ]},
+        {"conversations": [{"from": "system", "value": "Be brief."}, {"from": "human", "value": "Hi."}]},
+    ]  # fmt: skip
+    path = tmp_path / "chats.json"
+    path.write_text(json.dumps(rows), encoding="utf-8")
+    server.reset()
+    done, result = stream(
+        server, tmp_path, "--model", "prefix_cache", "--dataset", f"sharegpt-multiturn:{path}",
+        "--num-requests", "2", "--max-concurrency", "1", "--warmup", "0", "--max-tokens", "9",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    turns = sorted(len(s) for s in _sessions(result["levels"][0]).values())
+    assert turns == [1, 3]
+    three = [b for b in server.stats()["requests"] if "fruit" in b["messages"][0]["content"]]
+    assert [[m["content"] for m in b["messages"]] for b in three] == [
+        ["Name a fruit."],
+        ["Name a fruit.", "ok ok", "And a colour?"],
+        ["Name a fruit.", "ok ok", "And a colour?", "ok ok", "Thanks."],
+    ]
+    from tasks.models import load_tokenizer
+
+    tokenizer = load_tokenizer("gguf:default")
+    answers = [len(tokenizer.encode(t, add_special_tokens=False)) for t in ("An apple is one fruit.", "Red.")]
+    assert [b["max_completion_tokens"] for b in three] == [*answers, 9]  # no answer: --max-tokens
+
+
+def test_bad_conversation_input_exits_2_before_any_request(server, tmp_path) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(
+        json.dumps(
+            [{"conversations": [{"from": "human", "value": "Hi."}]}, {"conversations": [{"from": "human"}]}]
+        )
+    )
+    server.reset()
+    cases = [
+        (("--dataset", f"sharegpt-multiturn:{path}"), (str(path), "row 2", "turn 1")),
+        (("--turns", "3"), ("--turns", "--input-len")),
+        (("--input-len", "8", "--think-time-s", "1"), ("--think-time-s", "--turns")),
+        (("--turns", "2", "--input-len", "8", "--api", "completions"), ("--api completions",)),
+    ]
+    for args, said in cases:
+        done, _ = stream(server, tmp_path, "--model", "prefix_cache", *args)
+        lines = [line for line in done.stderr.splitlines() if line.strip()]
+        assert done.returncode == 2 and len(lines) == 1, (args, done.stderr)
+        assert all(part in lines[0] for part in said), (args, lines[0])
+    assert server.stats()["requests"] == []

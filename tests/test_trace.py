@@ -4,6 +4,7 @@ token ids so that shared hash blocks are the same tokens, and the recorded sched
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -87,3 +88,33 @@ def test_plain_traces_need_no_hash_ids_and_bad_files_say_so(tmp_path, tokenizer)
         read_trace("trace", tmp_path / "missing.jsonl")
     with pytest.raises(TraceError, match="no row"):
         read_trace("trace", write(tmp_path / "empty.jsonl", []))
+
+
+def test_think_times_fixed_or_drawn_with_their_mean_and_replayed_by_the_seed() -> None:
+    from tasks.workload.conversation import think_times_s
+
+    assert think_times_s(1.5, "fixed", 3, seed=0) == (1.5, 1.5, 1.5)
+    drawn = think_times_s(2.0, "exponential", 20_000, seed=4)
+    assert (
+        drawn
+        == think_times_s(2.0, "exponential", 20_000, seed=4)
+        != think_times_s(2.0, "exponential", 20_000, seed=5)
+    )
+    mean = sum(drawn) / len(drawn)
+    assert abs(mean - 2.0) < 0.06  # 4 standard errors of the mean (2 / sqrt(20000) = 0.014)
+    assert min(drawn) >= 0 and sum(1 for t in drawn if t > 2.0) / len(drawn) == pytest.approx(
+        math.exp(-1), abs=0.02
+    )
+    with pytest.raises(ValueError):
+        think_times_s(-1.0, "fixed", 1, seed=0)
+
+
+def test_synthetic_sessions_have_their_turns_of_the_asked_length() -> None:
+    from tasks.workload.conversation import synthetic_sessions, with_think_times
+
+    tokenizer = load_tokenizer("gguf:default")
+    sessions = with_think_times(synthetic_sessions(tokenizer, 3, 4, 16, seed=1), 0.5, "fixed", seed=0)
+    assert len(sessions) == 3 and all(len(s.turns) == 4 and s.think_s == (0.5,) * 3 for s in sessions)
+    texts = [t for s in sessions for t in s.turns]
+    assert len(set(texts)) == 12  # nothing repeats: only the history is shared
+    assert all(abs(len(tokenizer.encode(t, add_special_tokens=False)) - 16) <= 1 for t in texts)

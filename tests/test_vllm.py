@@ -297,3 +297,39 @@ def test_prefix_cache_measured_reset_and_isolated(vllm_endpoint, tmp_path) -> No
     assert shared["cached_token_fraction"] == pytest.approx(shared["prefix_cache_hit_rate"], abs=0.02)
     assert shared["ttft_ms_p50"] < plain["ttft_ms_p50"]
     assert again["expected_cached_token_fraction"] == 0.0 and again["prefix_cache_hit_rate"] > 0.5
+
+
+def test_a_conversation_finds_its_history_in_the_cache(vllm_endpoint, tmp_path) -> None:
+    """3-turn synthetic conversations on the embedded vLLM (prefix caching on, as vLLM
+    defaults): each turn's prompt holds the previous one and the reply vLLM gave, so the cached
+    tokens grow with the turn: the previous turn's prompt, short of at most one block (vLLM's CPU
+    block holds 128 tokens; its partly filled last block is not cached)."""
+    from tasks.pipeline import stream_stage
+    from tasks.tracking import TrackingTarget
+
+    cfg = StreamConfig(max_concurrency=[1], num_requests=2, warmup=1, turns=3, input_len=128, output_len=16)
+    result = stream_stage.fn(
+        cfg, vllm_endpoint, TrackingTarget("vllm-tests", None, False), None, str(tmp_path)
+    )
+    (level,) = result["levels"]
+    m = level["metrics"]
+    print(
+        "\nvLLM conversation by turn (TTFT p50 ms / prompt tokens / cached tokens): "
+        + "; ".join(
+            f"turn {k} {m[f'ttft_ms_p50_turn{k}']:.0f} / {m[f'input_tokens_mean_turn{k}']:.0f} / "
+            f"{m[f'cached_tokens_mean_turn{k}']:.0f}"
+            for k in (1, 2, 3)
+        )
+    )
+    assert m["num_sessions"] == 2 and m["num_errors"] == 0 and m["num_requests_turn3"] == 2
+    assert m["cached_tokens_mean_turn1"] < 64  # at most the chat template's opening blocks
+    assert m["cached_tokens_mean_turn1"] < m["cached_tokens_mean_turn2"] < m["cached_tokens_mean_turn3"]
+    turns: dict[str, list[dict]] = {}
+    for r in sorted((r for r in level["requests"] if not r["warmup"]), key=lambda r: r["send_ns"]):
+        turns.setdefault(r["session_id"], []).append(r)
+    for session in turns.values():
+        for earlier, later in zip(session, session[1:]):
+            assert later["cached_tokens"] > earlier["cached_tokens"]
+            assert (
+                earlier["usage_prompt_tokens"] - 128 <= later["cached_tokens"] <= later["usage_prompt_tokens"]
+            )

@@ -26,7 +26,18 @@ from flows.commands.common import (
 )
 from flows.commands.stream import check_endpoint_config
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
-from flows.commands.workload import check_dataset
+from flows.commands.workload import (
+    KeepCacheOption,
+    PrefixGroupsOption,
+    PrefixLenOption,
+    PrefixPopularityOption,
+    SaltOption,
+    ThinkTimeDistOption,
+    ThinkTimeOption,
+    TurnsOption,
+    check_dataset,
+    workload_overrides,
+)
 from tasks.config import CapacityFlowConfig
 
 
@@ -65,8 +76,19 @@ def command(
         Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
     ] = None,
     dataset: Annotated[
-        Optional[str], typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH.")
+        Optional[str],
+        typer.Option(
+            help="Workload file: sharegpt:PATH, jsonl:PATH or sharegpt-multiturn:PATH (conversations)."
+        ),
     ] = None,
+    prefix_groups: PrefixGroupsOption = None,
+    prefix_len: PrefixLenOption = None,
+    prefix_popularity: PrefixPopularityOption = None,
+    turns: TurnsOption = None,
+    think_time_s: ThinkTimeOption = None,
+    think_time_dist: ThinkTimeDistOption = None,
+    keep_cache: KeepCacheOption = False,
+    salt: SaltOption = None,
     burstiness: Annotated[
         Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")
     ] = None,
@@ -106,11 +128,21 @@ def command(
             "seed": seed,
             "client_processes": client_processes,
             "client_bound_tolerance_ms": client_bound_tolerance_ms,
+            **workload_overrides(
+                prefix_groups=prefix_groups,
+                prefix_len=prefix_len,
+                prefix_popularity=prefix_popularity,
+                turns=turns,
+                think_time_s=think_time_s,
+                think_time_dist=think_time_dist,
+                keep_cache=keep_cache,
+                salt=salt,
+            ),
         },
     )
     if not cfg.stream.goodput:
         fail_input("--goodput: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
-    check_dataset(cfg, input_len, allow_trace=False)
+    check_dataset(cfg, input_len and not (cfg.stream.prefix_groups or cfg.stream.turns), allow_trace=False)
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 

@@ -31,7 +31,18 @@ from flows.commands.common import (
     run_flow,
 )
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
-from flows.commands.workload import check_dataset
+from flows.commands.workload import (
+    KeepCacheOption,
+    PrefixGroupsOption,
+    PrefixLenOption,
+    PrefixPopularityOption,
+    SaltOption,
+    ThinkTimeDistOption,
+    ThinkTimeOption,
+    TurnsOption,
+    check_dataset,
+    workload_overrides,
+)
 from tasks.config import AuditConfig, StreamFlowConfig
 
 
@@ -159,30 +170,22 @@ def command(
     dataset: Annotated[
         Optional[str],
         typer.Option(
-            help="Workload file: sharegpt:PATH, jsonl:PATH (prompt, output_len, input_len), or a trace "
-            "sent at its recorded times: mooncake:PATH (hash_ids shared) or trace:PATH."
+            help="Workload file: sharegpt:PATH, jsonl:PATH (prompt, output_len, input_len), a trace "
+            "sent at its recorded times: mooncake:PATH (hash_ids shared) or trace:PATH, or whole "
+            "conversations: sharegpt-multiturn:PATH (human turns replayed, replies live)."
         ),
     ] = None,
     time_scale: Annotated[
         Optional[float], typer.Option(help="A trace's speed: 2 = twice as fast as recorded.")
     ] = None,
-    prefix_groups: Annotated[
-        Optional[int],
-        typer.Option(help="Shared-prefix workload: this many groups (with --prefix-len and --input-len)."),
-    ] = None,
-    prefix_len: Annotated[
-        Optional[int],
-        typer.Option(help="Tokens of each group's shared prefix (then --input-len of its own)."),
-    ] = None,
-    prefix_popularity: Annotated[
-        Optional[str], typer.Option(help="How requests pick a group: uniform (default) or zipf:S.")
-    ] = None,
-    keep_cache: Annotated[
-        bool, typer.Option("--keep-cache", help="Keep the server's prefix cache between levels (no reset).")
-    ] = False,
-    salt: Annotated[
-        Optional[int], typer.Option(help="Salt of the random prompt tokens (default: drawn per run).")
-    ] = None,
+    prefix_groups: PrefixGroupsOption = None,
+    prefix_len: PrefixLenOption = None,
+    prefix_popularity: PrefixPopularityOption = None,
+    turns: TurnsOption = None,
+    think_time_s: ThinkTimeOption = None,
+    think_time_dist: ThinkTimeDistOption = None,
+    keep_cache: KeepCacheOption = False,
+    salt: SaltOption = None,
     config: Annotated[
         Optional[Path],
         typer.Option(
@@ -228,15 +231,22 @@ def command(
             "api": api,
             "dataset": dataset,
             "time_scale": time_scale,
-            "prefix_groups": prefix_groups,
-            "prefix_len": prefix_len,
-            "prefix_popularity": prefix_popularity,
-            "keep_cache": keep_cache or None,
-            "salt": salt,
+            **workload_overrides(
+                prefix_groups=prefix_groups,
+                prefix_len=prefix_len,
+                prefix_popularity=prefix_popularity,
+                turns=turns,
+                think_time_s=think_time_s,
+                think_time_dist=think_time_dist,
+                keep_cache=keep_cache,
+                salt=salt,
+            ),
             "enabled": True,
         },
     )
-    check_dataset(cfg, prompt or prompts or (input_len and not cfg.stream.prefix_groups))
+    check_dataset(
+        cfg, prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns))
+    )
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 
@@ -296,3 +306,42 @@ def print_levels(levels: list[dict]) -> None:
             bound,
         )
     console.print(table)
+    print_turns(levels)
+
+
+def print_turns(levels: list[dict]) -> None:
+    """For conversation levels (``num_sessions`` in their metrics): one row per level and turn
+    index (``tasks.stats.by_turn``): turns sent, TTFT / E2E p50 (ms), mean prompt and cached
+    tokens, so that a later turn reads against the first."""
+    rows = [(lv, k) for lv in levels for k in range(1, 1 + _turn_count(lv["metrics"]))]
+    if not rows:
+        return
+    table = make_table(
+        "by turn (ms; prompt tokens grow with the history; cached = the server's cached_tokens)",
+        [(t, "right") for t in ("conc", "turn", "sent", "TTFT p50", "E2E p50", "prompt tok", "cached tok")],
+        compact=True,
+    )
+    for lv, k in rows:
+        m = lv["metrics"]
+        table.add_row(
+            str(lv["max_concurrency"]),
+            str(k),
+            *(
+                fmt_value(m.get(f"{name}_turn{k}"))
+                for name in (
+                    "num_requests",
+                    "ttft_ms_p50",
+                    "e2e_ms_p50",
+                    "input_tokens_mean",
+                    "cached_tokens_mean",
+                )
+            ),
+        )
+    console.print(table)
+
+
+def _turn_count(metrics: dict) -> int:
+    k = 0
+    while f"num_requests_turn{k + 1}" in metrics:
+        k += 1
+    return k

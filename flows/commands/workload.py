@@ -1,11 +1,68 @@
-"""Checks of the workload flags (``--dataset``) shared by `stream` and `capacity`, before any
-request: a bad file exits 2 with one line naming the file and the first bad row."""
+"""The workload flags shared by `stream` and `capacity` (shared prefixes, conversations, the
+prefix cache's isolation) and their checks before any request: a bad file exits 2 with one
+line naming the file and the first bad row."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Optional
+
+import typer
 
 from flows.commands.common import fail_input
+
+PrefixGroupsOption = Annotated[
+    Optional[int],
+    typer.Option(help="Shared-prefix workload: this many groups (with --prefix-len and --input-len)."),
+]
+PrefixLenOption = Annotated[
+    Optional[int], typer.Option(help="Tokens of each group's shared prefix (then --input-len of its own).")
+]
+PrefixPopularityOption = Annotated[
+    Optional[str], typer.Option(help="How requests pick a group: uniform (default) or zipf:S.")
+]
+TurnsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Synthetic conversations of N turns of --input-len tokens each, the history live; "
+        "--num-requests then counts conversations, --max-concurrency users."
+    ),
+]
+ThinkTimeOption = Annotated[
+    Optional[float], typer.Option(help="A conversation's pause after each reply, seconds (default 0).")
+]
+ThinkTimeDistOption = Annotated[
+    Optional[str], typer.Option(help="Think times: fixed (default) or exponential (of that mean, seeded).")
+]
+KeepCacheOption = Annotated[
+    bool, typer.Option("--keep-cache", help="Keep the server's prefix cache between levels (no reset).")
+]
+SaltOption = Annotated[
+    Optional[int], typer.Option(help="Salt of the random prompt tokens (default: drawn per run).")
+]
+
+
+def workload_overrides(
+    *,
+    prefix_groups: int | None,
+    prefix_len: int | None,
+    prefix_popularity: str | None,
+    turns: int | None,
+    think_time_s: float | None,
+    think_time_dist: str | None,
+    keep_cache: bool,
+    salt: int | None,
+) -> dict[str, Any]:
+    """The stream config's fields the shared workload flags set (None: the config's own)."""
+    return {
+        "prefix_groups": prefix_groups,
+        "prefix_len": prefix_len,
+        "prefix_popularity": prefix_popularity,
+        "turns": turns,
+        "think_time_s": think_time_s,
+        "think_time_dist": think_time_dist,
+        "keep_cache": keep_cache or None,
+        "salt": salt,
+    }
 
 
 def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = True) -> None:
@@ -27,6 +84,14 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
                 f"{stream.output_len or stream.max_tokens} output tokens = {longest} is longer than the "
                 f"embedded server's context ({context}); shorten them"
             )
+    if stream.turns and context is not None:
+        longest = stream.turns * (stream.input_len + (stream.output_len or stream.max_tokens))
+        if longest > context:
+            fail_input(
+                f"--turns: {stream.turns} turns of {stream.input_len} input + "
+                f"{stream.output_len or stream.max_tokens} output tokens = {longest} by the last turn, "
+                f"longer than the embedded server's context ({context}); fewer or shorter turns"
+            )
     if not stream.dataset:
         return
     if other_source:
@@ -35,6 +100,16 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
     from tasks.workload.trace import KINDS, TraceError, read_trace
 
     kind, _, path = stream.dataset.partition(":")
+    if kind == "sharegpt-multiturn":
+        from tasks.models import load_tokenizer
+        from tasks.workload.conversation import read_sessions
+
+        default = "gguf:default" if cfg.endpoint.base_url else cfg.server.model
+        try:
+            read_sessions(path, load_tokenizer(cfg.endpoint.tokenizer or default), count=1)
+        except DatasetError as exc:
+            fail_input(str(exc))
+        return
     if kind in KINDS:  # a trace: every row checked, against the embedded server's context
         if not allow_trace:
             fail_input(

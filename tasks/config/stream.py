@@ -92,7 +92,21 @@ class StreamConfig(_Strict):
         description="Workload file: sharegpt:PATH (ShareGPT JSON), jsonl:PATH (prompt, output_len, "
         "input_len per line), or a recorded trace sent at its recorded times: mooncake:PATH "
         "(timestamp, input_length, output_length, hash_ids per line) or trace:PATH (no hash_ids); "
-        "replaces prompts / input_len.",
+        "or whole conversations: sharegpt-multiturn:PATH (the human turns replayed, the replies "
+        "live); replaces prompts / input_len.",
+    )
+    turns: int | None = Field(
+        None,
+        ge=1,
+        description="Synthetic conversations of this many turns, each of input_len random tokens, "
+        "sent closed loop with the live history; num_requests then counts conversations and "
+        "max_concurrency users.",
+    )
+    think_time_s: float = Field(
+        0.0, ge=0, description="A conversation's think time after each reply (seconds; its mean if drawn)."
+    )
+    think_time_dist: Literal["fixed", "exponential"] = Field(
+        "fixed", description="Think times: fixed, or drawn from an exponential of that mean (seeded)."
     )
     time_scale: float = Field(
         1.0, gt=0, description="A trace's speed: 2 sends it twice as fast (its gaps halved)."
@@ -153,6 +167,22 @@ class StreamConfig(_Strict):
             raise ValueError(
                 "a trace sets its own send times: drop request_rate (--request-rate); speed it with "
                 "time_scale (--time-scale)"
+            )
+        conversation = self.turns is not None or (self.dataset or "").startswith("sharegpt-multiturn:")
+        if self.turns is not None and (self.input_len is None or self.dataset):
+            raise ValueError(
+                "turns (--turns) builds synthetic conversations: it needs input_len (--input-len: "
+                "each turn's tokens) and no dataset (--dataset sharegpt-multiturn:PATH replays a file's)"
+            )
+        if conversation and (self.api != "chat" or self.prefix_groups is not None):
+            raise ValueError(
+                "a conversation (--turns, --dataset sharegpt-multiturn:PATH) is sent as chat "
+                "messages with its history: drop --api completions and --prefix-groups"
+            )
+        if not conversation and (self.think_time_s or self.think_time_dist != "fixed"):
+            raise ValueError(
+                "think_time_s (--think-time-s) is the pause between a conversation's turns: give "
+                "--turns N or --dataset sharegpt-multiturn:PATH, or drop it"
             )
         if not trace and self.time_scale != 1.0:
             raise ValueError(

@@ -227,6 +227,28 @@ REGISTRY: tuple[Metric, ...] = (
         "stream",
         "usage cached_tokens / usage prompt_tokens of the level's successes.",
     ),
+    # conversations (tasks.stats.by_turn): one figure per turn index
+    Metric("num_sessions", "count", "stream", "Conversations of the level (multi-turn workloads)."),
+    Metric("num_requests_turn<turn>", "count", "stream", "Turns sent at this turn index."),
+    Metric(
+        "ttft_ms_p50_turn<turn>", "ms", "stream", "TTFT p50 of the successful turns at this index.", "higher"
+    ),
+    Metric(
+        "e2e_ms_p50_turn<turn>",
+        "ms",
+        "stream",
+        "E2E latency p50 of the successful turns at this index.",
+        "higher",
+    ),
+    Metric(
+        "input_tokens_mean_turn<turn>",
+        "tokens",
+        "stream",
+        "Mean prompt tokens at this turn (history included).",
+    ),
+    Metric(
+        "cached_tokens_mean_turn<turn>", "tokens", "stream", "Mean usage cached_tokens at this turn index."
+    ),
     Metric(
         "recorded_request_rate",
         "requests/s",

@@ -60,8 +60,12 @@ def build_request(
     sampling: dict[str, Any] | None = None,
     extra_body: dict[str, Any] | None = None,
     api: str = "chat",
+    history: list[dict[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Keyword arguments for ``client.chat.completions.create`` (streaming, usage asked).
+
+    ``history``: the conversation's earlier messages (``{"role", "content"}``, user and
+    assistant in turn), sent before ``prompt`` as the new user message (chat only).
 
     ``api="completions"``: for ``client.completions.create`` (``/completions``): the prompt
     goes as ``prompt`` (no chat template) and the limit as ``max_tokens`` (the only name that
@@ -89,7 +93,7 @@ def build_request(
     else:
         limit, text = (
             {"max_completion_tokens": max_tokens},
-            {"messages": [{"role": "user", "content": prompt}]},
+            {"messages": [*(history or []), {"role": "user", "content": prompt}]},
         )
     return {
         "model": model,
@@ -177,6 +181,7 @@ async def stream_chat(
     extra_body: dict[str, Any] | None = None,
     api_key_env: str | None = None,
     api: str = "chat",
+    history: list[dict[str, str]] | None = None,
 ) -> RequestRecord:
     """Send one streaming chat request and measure it (see the module docstring).
 
@@ -190,10 +195,17 @@ async def stream_chat(
     ``usage.prompt_tokens`` if it sends one.
 
     ``api``: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``, text
-    from ``choices[].text``); the same definitions and error classes.
+    from ``choices[].text``); the same definitions and error classes. ``history``: a
+    conversation's earlier messages (:func:`build_request`).
     """
     kwargs = build_request(
-        model=model, prompt=prompt, max_tokens=max_tokens, sampling=sampling, extra_body=extra_body, api=api
+        model=model,
+        prompt=prompt,
+        max_tokens=max_tokens,
+        sampling=sampling,
+        extra_body=extra_body,
+        api=api,
+        history=history,
     )
     state = new_state()
     failure: BaseException | None = None

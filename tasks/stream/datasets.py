@@ -40,8 +40,8 @@ MIN_TOKENS = 4
 MAX_PROMPT_TOKENS = 1024
 MAX_TOTAL_TOKENS = 2048
 
-_HUMAN = {"human", "user"}
-_MODEL = {"gpt", "assistant", "model", "chatgpt", "bard", "bing"}
+HUMAN_ROLES = {"human", "user"}
+MODEL_ROLES = {"gpt", "assistant", "model", "chatgpt", "bard", "bing"}
 KINDS = ("sharegpt", "jsonl")
 
 
@@ -91,7 +91,7 @@ def parse_spec(spec: str) -> tuple[str, Path]:
     kind, sep, path = spec.partition(":")
     if not sep or kind not in KINDS or not path:
         raise DatasetError(
-            f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH, jsonl:PATH, mooncake:PATH or trace:PATH"
+            f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH, jsonl:PATH, sharegpt-multiturn:PATH, mooncake:PATH or trace:PATH"
         )
     if not Path(path).is_file():
         raise DatasetError(f"--dataset: file not found: {path}")
@@ -124,11 +124,11 @@ def _sharegpt_rows(path: Path) -> list[DatasetRow]:
                 and isinstance(turn.get("value"), str)
             ):
                 raise _bad(path, number, "a turn is not {'from': str, 'value': str}", fix)
-        human = next((i for i, t in enumerate(turns) if t["from"].lower() in _HUMAN), None)
+        human = next((i for i, t in enumerate(turns) if t["from"].lower() in HUMAN_ROLES), None)
         if human is None:
             rows.append(DatasetRow(number))
             continue
-        reply = next((t for t in turns[human + 1 :] if t["from"].lower() in _MODEL), None)
+        reply = next((t for t in turns[human + 1 :] if t["from"].lower() in MODEL_ROLES), None)
         rows.append(DatasetRow(number, prompt=turns[human]["value"], completion=reply and reply["value"]))
     return rows
 

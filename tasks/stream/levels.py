@@ -261,8 +261,7 @@ def _level_metrics(
             metrics.get("e2e_ms_mean_client_minus_server"),
         )
     short = sum(  # each request against its own max_tokens (a dataset's per-request lengths)
-        stats.count_short_outputs([r], settings.max_tokens_at(settings.prompt_index(r.request_id)))
-        for r in result.measured
+        stats.count_short_outputs([r], settings.asked_max_tokens(r.request_id)) for r in result.measured
     )
     metrics["num_short_outputs"] = short
     if short and settings.ignore_eos:

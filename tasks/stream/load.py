@@ -33,7 +33,7 @@ from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
-from tasks.stream.settings import Connection, LevelSettings, level_grid
+from tasks.stream.settings import Connection, LevelSettings, level_grid, session_max_tokens
 
 __all__ = ["LevelResult", "arrival_offsets_s", "connect", "level_grid", "make_client", "run_level"]
 
@@ -116,7 +116,10 @@ async def run_level(
             places in the one arrival schedule that starts at ``start_at`` (a
             ``time.perf_counter()`` value: CLOCK_MONOTONIC, the same in every process).
 
-    Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured).
+    Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured);
+    ``settings.sessions``: measured ``i`` is a conversation (``converse``), its turns
+    ``l{level}-r{i}.{turn}``, the semaphore held by its user from the first turn to the last
+    reply (think times included), a rate scheduling the first turns.
 
     ``settings.duration_s`` bounds the sending: a measured request whose arrival, or whose turn
     at the semaphore, comes ``duration_s`` or more after the first measured arrival is not sent
@@ -187,6 +190,9 @@ async def run_level(
         async with gate:
             if deadline is not None and time.perf_counter() >= deadline:
                 return  # queued behind the semaphore past the level's time: not sent
+            if s.sessions:
+                await converse(i)
+                return
             record = await stream_chat(
                 client,
                 prompt=s.prompts[(s.warmup + i) % len(s.prompts)],
@@ -199,6 +205,37 @@ async def run_level(
         if scheduled:  # the schedule's arrival of request i vs its send
             record.send_lateness_ms = (record.send_ns - (start + offsets[i]) * 1e9) / 1e6
         measured.append(keep(record))
+
+    async def converse(i: int) -> None:
+        """Session ``i`` of one user, closed loop: each turn sent after the previous reply has
+        finished and its think time, with the earlier turns and the server's own replies as
+        history. A failed turn ends the session (there is no reply to go on from)."""
+        session = s.sessions[i % len(s.sessions)]
+        history: list[dict[str, str]] = []
+        for k, text in enumerate(session.turns):
+            if k and deadline is not None and time.perf_counter() >= deadline:
+                return  # the level's time is up: no new turn
+            record = await stream_chat(
+                client,
+                prompt=text,
+                request_id=f"l{s.level}-r{i}.{k + 1}",
+                max_tokens=session_max_tokens(session, k, s.max_tokens),
+                history=list(history),
+                **common,
+            )
+            done_ns.append(time.perf_counter_ns())
+            record.session_id, record.turn = f"l{s.level}-s{i}", k + 1
+            if scheduled and k == 0:  # a rate schedules the sessions' first turns
+                record.send_lateness_ms = (record.send_ns - (start + offsets[i]) * 1e9) / 1e6
+            measured.append(keep(record))
+            if not record.succeeded:
+                return
+            history += [
+                {"role": "user", "content": text},
+                {"role": "assistant", "content": record.output_text},
+            ]
+            if k < len(session.think_s):
+                await asyncio.sleep(session.think_s[k])
 
     offset_start_ns, cpu_start_s = rxclock.realtime_offset_ns(), time.process_time()
     async with LoopLagProbe() as probe:

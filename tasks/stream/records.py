@@ -86,6 +86,9 @@ class RequestRecord:
             None otherwise.
         prefix_group: the shared-prefix group of the request's prompt
             (``tasks.workload.prefix``); None for other workloads and warm-ups.
+        session_id: the conversation a turn belongs to (``l{level}-s{i}``; request ids
+            ``l{level}-r{i}.{turn}``); None for a single request.
+        turn: the turn's place in its conversation (1 = the first); None for a single request.
     """
 
     request_id: str
@@ -120,6 +123,8 @@ class RequestRecord:
     request_sent_ms: float | None = None
     send_lateness_ms: float | None = None
     prefix_group: int | None = None
+    session_id: str | None = None
+    turn: int | None = None
 
     @property
     def decode_unobserved(self) -> str | None:
@@ -178,6 +183,8 @@ class RequestRecord:
             "request_sent_ms": self.request_sent_ms,
             "send_lateness_ms": self.send_lateness_ms,
             "prefix_group": self.prefix_group,
+            "session_id": self.session_id,
+            "turn": self.turn,
         }
 
     @classmethod
@@ -307,6 +314,8 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "request_sent_ms": pl.Float64(),
     "send_lateness_ms": pl.Float64(),
     "prefix_group": pl.Int64(),
+    "session_id": pl.String(),
+    "turn": pl.Int64(),
     "succeeded": pl.Boolean(),
 }
 

@@ -21,6 +21,19 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class Session:
+    """One conversation (``tasks.workload.conversation``): its user turns in order, each
+    turn's ``max_tokens`` (None entries / None: the level's), the think time in seconds after
+    each turn but the last (``think_s[k]`` after turn ``k + 1``'s reply; empty: none), and its
+    row in a file (1-based; None: synthetic)."""
+
+    turns: tuple[str, ...]
+    output_lens: tuple[int | None, ...] | None = None
+    think_s: tuple[float, ...] = ()
+    row: int | None = None
+
+
+@dataclass(frozen=True)
 class LevelSettings:
     """One load level (vLLM ``benchmark_serving.py``: ``--max-concurrency`` x ``--request-rate``).
 
@@ -60,6 +73,11 @@ class LevelSettings:
         prompt_groups: each prompt's shared-prefix group (recorded as ``prefix_group``), or None.
         reset_cache: reset the server's prefix cache before the measured requests (where it
             offers a reset: ``tasks.cache.reset_prefix_cache``).
+        sessions: conversations instead of single requests: measured "request" ``i`` is the
+            closed-loop session ``sessions[i % len]`` of one user (its turns sent one after
+            the other, each with the history of earlier turns and the replies the server gave:
+            ``tasks.stream.load``); ``num_requests`` counts sessions, ``max_concurrency``
+            users. None: single requests.
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
     them as read-only.
@@ -88,6 +106,7 @@ class LevelSettings:
     prompt_blocks: tuple[tuple[tuple[str, int], ...], ...] | None = None
     prompt_groups: tuple[int | None, ...] | None = None
     reset_cache: bool = False
+    sessions: tuple[Session, ...] | None = None
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -120,15 +139,32 @@ class LevelSettings:
         return self.output_lens[index % len(self.output_lens)] or self.max_tokens
 
     def prompt_index(self, request_id: str) -> int:
-        """The prompt index of a request id (``l{level}-w{i}`` -> i, ``l{level}-r{i}`` ->
-        warmup + i), the inverse of :func:`tasks.stream.load.run_level`'s numbering."""
-        kind, number = request_id.rsplit("-", 1)[1][0], int(request_id.rsplit("-", 1)[1][1:])
-        return number if kind == "w" else self.warmup + number
+        """The prompt index of a request id (``l{level}-w{i}`` -> i, ``l{level}-r{i}`` and a
+        session's turn ``l{level}-r{i}.{turn}`` -> warmup + i), the inverse of
+        :func:`tasks.stream.load.run_level`'s numbering."""
+        last = request_id.rsplit("-", 1)[1]
+        number = int(last[1:].partition(".")[0])
+        return number if last[0] == "w" else self.warmup + number
+
+    def asked_max_tokens(self, request_id: str) -> int:
+        """``max_tokens`` the request was sent with: a session turn's own, else the prompt's."""
+        index = self.prompt_index(request_id)
+        turn = request_id.rpartition(".")[2] if "." in request_id else None
+        if self.sessions and turn is not None:
+            session = self.sessions[(index - self.warmup) % len(self.sessions)]
+            return session_max_tokens(session, int(turn) - 1, self.max_tokens)
+        return self.max_tokens_at(index)
 
     @property
     def ignore_eos(self) -> bool:
         """``ignore_eos`` is sent: a short output then means the server did not take it."""
         return bool((self.extra_body or {}).get("ignore_eos"))
+
+
+def session_max_tokens(session: Session, turn_index: int, default: int) -> int:
+    """``max_tokens`` of a session's turn ``turn_index`` (0-based): its own, else ``default``."""
+    lens = session.output_lens
+    return (lens[turn_index] if lens and turn_index < len(lens) else None) or default
 
 
 @dataclass(frozen=True)
@@ -211,5 +247,6 @@ def settings_from_config(cfg: StreamConfig, endpoint: Endpoint, workload: Any) -
         prompt_blocks=workload.blocks,
         prompt_groups=workload.groups,
         reset_cache=not cfg.keep_cache,
+        sessions=workload.sessions,
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

@@ -23,6 +23,9 @@ from typing import Any
 
 from tasks.stream.datasets import DatasetError, build_workload, parse_spec
 from tasks.stream.prompts import synthetic_prompts
+from tasks.stream.settings import Session
+from tasks.workload.conversation import KIND as CONVERSATION_KIND
+from tasks.workload.conversation import read_sessions, synthetic_sessions, with_think_times
 from tasks.workload.prefix import shared_prefix_prompts
 from tasks.workload.trace import KINDS as TRACE_KINDS
 from tasks.workload.trace import TraceError, build_trace, read_trace
@@ -35,7 +38,8 @@ class StageWorkload:
     """What the stream stage sends (module docstring).
 
     Attributes:
-        kind: ``prompts``, ``synthetic``, ``dataset``, ``shared_prefix`` or ``trace``.
+        kind: ``prompts``, ``synthetic``, ``dataset``, ``shared_prefix``, ``trace`` or
+            ``conversation``.
         prompts: warm-up prompts first, then the measured ones (used round-robin past the end).
         prompt_tokens: each prompt's tokens (None entries / None: left to the server's usage).
         output_lens: each prompt's ``max_tokens`` (None: the config's), or None for all.
@@ -46,6 +50,8 @@ class StageWorkload:
         num_requests: measured requests per level (a trace: its rows).
         salt: the salt of the random tokens.
         source: the file a workload came from, or None (logged as an artifact).
+        sessions: a conversation workload's sessions (``tasks.workload.conversation``; the
+            prompts are then the warm-up ones and each session's first turn), or None.
     """
 
     kind: str
@@ -58,6 +64,7 @@ class StageWorkload:
     groups: tuple[int | None, ...] | None = None
     schedule_s: tuple[float, ...] | None = None
     source: str | None = None
+    sessions: tuple[Session, ...] | None = None
 
     def params(self) -> dict[str, str]:
         """The MLflow params that say which workload ran (the config says how it was asked for)."""
@@ -93,6 +100,8 @@ def stage_workload(cfg: Any, tokenizer: Any, *, salt: int, max_context: int | No
             field; a trace's ``TraceError`` is raised as one).
     """
     n, warm = cfg.num_requests, cfg.warmup
+    if cfg.turns or (cfg.dataset or "").startswith(f"{CONVERSATION_KIND}:"):
+        return _conversation(cfg, tokenizer, salt)
     if cfg.dataset and cfg.dataset.partition(":")[0] in TRACE_KINDS:
         return _trace(cfg, tokenizer, salt, max_context)
     if cfg.prefix_groups:
@@ -150,6 +159,33 @@ def _warmup_prompts(tokenizer: Any, tokens: int, count: int, salt: int) -> tuple
     if count < 1:
         return [], []
     return synthetic_prompts(tokenizer, tokens, count, _mix(-1, salt))
+
+
+def _conversation(cfg: Any, tokenizer: Any, salt: int) -> StageWorkload:
+    """Sessions (synthetic or a file's), warm-up prompts that share nothing with them."""
+    if cfg.turns:
+        sessions = synthetic_sessions(
+            tokenizer, cfg.num_requests, cfg.turns, cfg.input_len, _mix(cfg.seed, salt)
+        )
+        warm_len, source = cfg.input_len, None
+    else:
+        source = cfg.dataset.partition(":")[2]
+        sessions = read_sessions(source, tokenizer, cfg.num_requests, cfg.seed)
+        warm_len = 64
+    sessions = with_think_times(sessions, cfg.think_time_s, cfg.think_time_dist, cfg.seed)
+    warmups, counts = _warmup_prompts(tokenizer, warm_len, cfg.warmup, salt)
+    firsts = tuple(s.turns[0] for s in sessions)
+    return StageWorkload(
+        kind="conversation",
+        prompts=tuple(warmups) + firsts,
+        prompt_tokens=tuple(counts) + (None,) * len(firsts),
+        output_lens=None,
+        blocks=(),  # the history is the server's live replies: no share is known in advance
+        num_requests=cfg.num_requests,
+        salt=salt,
+        source=source,
+        sessions=sessions,
+    )
 
 
 def _trace(cfg: Any, tokenizer: Any, salt: int, max_context: int | None) -> StageWorkload:

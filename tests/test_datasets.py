@@ -16,7 +16,8 @@ import pytest
 
 from tasks.config import StreamConfig
 from tasks.models import load_tokenizer
-from tasks.stream.datasets import DatasetError, build_workload, read_rows, stage_workload
+from tasks.workload.datasets import DatasetError, build_workload, read_rows
+from tasks.workload.stage import stage_workload
 
 try:
     from tests import groundtruth_server as gt
@@ -107,10 +108,11 @@ def test_jsonl_input_len_rows_are_synthetic(tmp_path: Path, tokenizer) -> None:
     (synthetic,) = [p for p in rows if p != "plain text prompt"]
     assert rows[synthetic][0] == _tokens(tokenizer, synthetic) and abs(rows[synthetic][0] - 32) <= 2
     assert rows[synthetic][1] == 7
-    prompts, counts, lens = stage_workload(
-        StreamConfig(dataset=f"jsonl:{path}", num_requests=1, warmup=1), tokenizer
+    workload = stage_workload(
+        StreamConfig(dataset=f"jsonl:{path}", num_requests=1, warmup=1), tokenizer, salt=0
     )
-    assert len(prompts) == 2 and counts is not None and sorted(lens, key=str) == [7, None]
+    assert len(workload.prompts) == 2 and workload.prompt_tokens is not None
+    assert sorted(workload.output_lens, key=str) == [7, None]
 
 
 @pytest.mark.parametrize(

@@ -124,10 +124,12 @@ def test_total_token_throughput_counts_input_tokens() -> None:
 def test_text_prompts_get_their_token_counts() -> None:
     from tasks.config import StreamConfig
     from tasks.models import load_tokenizer
-    from tasks.stream.prompts import stage_prompts
+    from tasks.workload.stage import stage_workload
 
     tokenizer = load_tokenizer("gguf:default")
-    prompts, counts = stage_prompts(StreamConfig(prompts=["Hello there, world"]), tokenizer)
+    counts = list(
+        stage_workload(StreamConfig(prompts=["Hello there, world"]), tokenizer, salt=0).prompt_tokens
+    )
     assert counts == [len(tokenizer.encode("Hello there, world", add_special_tokens=False))] and counts[0] > 1
 
 
@@ -193,7 +195,7 @@ def test_a_malformed_jsonl_prompts_line_is_named(tmp_path, command) -> None:
 
 
 def test_tokenize_reads_jsonl_prompts_as_stream_does(tmp_path) -> None:
-    from tasks.stream.prompts import read_prompts_file
+    from tasks.workload.prompts import read_prompts_file
 
     path = tmp_path / "p.jsonl"
     path.write_text('{"prompt": "one"}\n"two"\n', encoding="utf-8")

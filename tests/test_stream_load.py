@@ -27,9 +27,9 @@ from tasks.config import StreamConfig
 from tasks.stats import percentile
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.load import arrival_offsets_s, level_grid, make_client, run_level
-from tasks.stream.prompts import PromptsError, read_prompts_file, synthetic_prompts
 from tasks.stream.records import RecordWriter, read_jsonl
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.workload.prompts import PromptsError, read_prompts_file, synthetic_prompts
 from tasks.workload.stage import StageWorkload
 
 try:

@@ -92,7 +92,7 @@ def check_endpoint_config(cfg: StreamFlowConfig) -> None:
 
 
 def _prompts(prompt: list[str] | None, prompts_file: Path | None) -> list[str] | None:
-    from tasks.stream.prompts import PromptsError, read_prompts_file
+    from tasks.workload.prompts import PromptsError, read_prompts_file
 
     if prompt and prompts_file:
         fail_input("--prompt and --prompts: give one of them, not both")

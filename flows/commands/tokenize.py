@@ -34,9 +34,9 @@ DEFAULT_TOKENIZERS = "model,cl100k_base,qwen"
 
 def read_prompts(path: Path) -> list[str]:
     """Prompts from a ``--prompts`` file, as ``stream --prompts`` reads them
-    (:func:`tasks.stream.prompts.read_prompts_file`: a YAML/JSON list, JSONL, or one prompt per
+    (:func:`tasks.workload.prompts.read_prompts_file`: a YAML/JSON list, JSONL, or one prompt per
     line). Exits 2 with one line naming --prompts, the file and (JSONL, not UTF-8) the line."""
-    from tasks.stream.prompts import PromptsError, read_prompts_file
+    from tasks.workload.prompts import PromptsError, read_prompts_file
 
     try:
         return read_prompts_file(path)

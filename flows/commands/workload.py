@@ -68,7 +68,7 @@ def workload_overrides(
 def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = True) -> None:
     """Exit 2 when ``cfg.stream.dataset`` (a stream-shaped flow config's) is given with another
     prompt source (``other_source`` truthy: --prompt / --prompts / --input-len), or names a file
-    of the wrong shape or without a usable row (``tasks.stream.datasets.read_rows``). A ShareGPT
+    of the wrong shape or without a usable row (``tasks.workload.datasets.read_rows``). A ShareGPT
     file also goes through vLLM's length filter here, under the tokenizer the run will count
     with (the endpoint's, as ``tasks.endpoint.open_endpoint`` picks it), so a file whose every
     row fails it exits 2 before the run, naming the first such row. A trace (``mooncake:`` /
@@ -96,7 +96,7 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
         return
     if other_source:
         fail_input("--dataset: the dataset replaces --prompt/--prompts/--input-len; give one of them")
-    from tasks.stream.datasets import DatasetError, build_workload, read_rows
+    from tasks.workload.datasets import DatasetError, build_workload, read_rows
     from tasks.workload.trace import KINDS, TraceError, read_trace
 
     kind, _, path = stream.dataset.partition(":")

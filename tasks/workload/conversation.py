@@ -8,9 +8,9 @@ server's prefix cache sees what it would in production (AIPerf's multi-turn with
 guidellm's ``turns=``). Two sources:
 
 - synthetic (``--turns N --input-len L``): every turn ``L`` random tokens of the tokenizer
-  (``tasks.stream.prompts.synthetic_prompts``, salted per run like every random workload);
+  (``tasks.workload.prompts.synthetic_prompts``, salted per run like every random workload);
 - ``sharegpt-multiturn:PATH``: a ShareGPT file's whole conversations (the format of
-  ``tasks.stream.datasets``): its human turns are replayed in order, each one's ``max_tokens``
+  ``tasks.workload.datasets``): its human turns are replayed in order, each one's ``max_tokens``
   the length of the model turn that answered it in the file (as ``sharegpt:`` reads one turn;
   None for a human turn with no answer), the model turns themselves come live.
 
@@ -29,10 +29,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from tasks.stream.datasets import HUMAN_ROLES, MODEL_ROLES, DatasetError
-from tasks.stream.prompts import synthetic_prompts
 from tasks.stream.settings import Session
 from tasks.textfile import read_utf8
+from tasks.workload.datasets import HUMAN_ROLES, MODEL_ROLES, DatasetError
+from tasks.workload.prompts import synthetic_prompts
 
 KIND = "sharegpt-multiturn"
 THINK_TIME_DISTS = ("fixed", "exponential")

@@ -21,12 +21,12 @@ import secrets
 from dataclasses import dataclass
 from typing import Any
 
-from tasks.stream.datasets import DatasetError, build_workload, parse_spec
-from tasks.stream.prompts import synthetic_prompts
 from tasks.stream.settings import Session
 from tasks.workload.conversation import KIND as CONVERSATION_KIND
 from tasks.workload.conversation import read_sessions, synthetic_sessions, with_think_times
+from tasks.workload.datasets import DatasetError, build_workload, parse_spec
 from tasks.workload.prefix import shared_prefix_prompts
+from tasks.workload.prompts import synthetic_prompts
 from tasks.workload.trace import KINDS as TRACE_KINDS
 from tasks.workload.trace import TraceError, build_trace, read_trace
 

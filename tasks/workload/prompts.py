@@ -14,14 +14,11 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
 from tasks.textfile import read_utf8
-
-if TYPE_CHECKING:
-    from tasks.config import StreamConfig
 
 
 class PromptsError(ValueError):
@@ -127,15 +124,3 @@ def synthetic_prompts(
         texts.append(text)
         counts.append(len(_encode(tokenizer, text)))
     return texts, counts
-
-
-def stage_prompts(cfg: StreamConfig, tokenizer: Any) -> tuple[list[str], list[int] | None]:
-    """The stream stage's prompts and their token counts: synthetic (``cfg.input_len``, one per
-    warm-up and measured request, from ``cfg.seed``) or the configured ones, counted by the
-    tokenizer like the synthetic ones (without special tokens or the chat template), so the
-    records' ``input_tokens`` and the levels' ``input_tokens_total`` / ``total_tokens_per_s``
-    are filled for text prompts too."""
-    if cfg.input_len:
-        return synthetic_prompts(tokenizer, cfg.input_len, cfg.num_requests + cfg.warmup, cfg.seed)
-    prompts = list(cfg.prompts)
-    return prompts, [len(tokenizer.encode(p, add_special_tokens=False)) for p in prompts]

@@ -12,7 +12,7 @@ Two kinds:
   most :data:`MAX_TOTAL_TOKENS`). Rows without a human turn followed by a model turn are
   skipped, as the real ShareGPT dumps hold many.
 - ``jsonl:PATH``: one JSON object per line with ``prompt`` (text) or ``input_len`` (that many
-  random tokens of the tokenizer, as ``--input-len``: :func:`tasks.stream.prompts.synthetic_prompts`),
+  random tokens of the tokenizer, as ``--input-len``: :func:`tasks.workload.prompts.synthetic_prompts`),
   and optional ``output_len`` (the request's ``max_tokens``); rows kept in file order after a
   seeded shuffle, like ShareGPT's.
 
@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.stream.prompts import stage_prompts, synthetic_prompts
 from tasks.textfile import read_utf8
+from tasks.workload.prompts import synthetic_prompts
 
 #: vLLM's ShareGPT filter (``is_valid_sequence`` defaults): min tokens of prompt and output,
 #: the longest prompt and the longest prompt + output.
@@ -242,19 +242,3 @@ def build_workload(spec: str, tokenizer: Any, count: int, seed: int = 0) -> Work
             f"row {number}: {why}"
         )
     return Workload(tuple(prompts), tuple(counts), tuple(lens), spec)
-
-
-def stage_workload(
-    cfg: Any, tokenizer: Any
-) -> tuple[list[str], list[int | None] | None, list[int | None] | None]:
-    """The stream stage's requests: ``(prompts, prompt_tokens, output_lens)``: from
-    ``cfg.dataset`` (one per warm-up and measured request, from ``cfg.seed``), else
-    :func:`tasks.stream.prompts.stage_prompts`'s prompts with no per-request lengths.
-    ``output_lens`` is None when no row sets one (then nothing changes ``max_tokens``)."""
-    if not cfg.dataset:
-        prompts, counts = stage_prompts(cfg, tokenizer)
-        return prompts, counts, None
-    workload = build_workload(cfg.dataset, tokenizer, cfg.num_requests + cfg.warmup, cfg.seed)
-    lens = list(workload.output_lens) if any(n is not None for n in workload.output_lens) else None
-    counts = list(workload.prompt_tokens) if any(n is not None for n in workload.prompt_tokens) else None
-    return list(workload.prompts), counts, lens

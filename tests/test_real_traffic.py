@@ -245,3 +245,34 @@ def test_bad_conversation_input_exits_2_before_any_request(server, tmp_path) -> 
         assert done.returncode == 2 and len(lines) == 1, (args, done.stderr)
         assert all(part in lines[0] for part in said), (args, lines[0])
     assert server.stats()["requests"] == []
+
+
+def test_conversations_are_refused_where_their_rate_would_mean_two_things(server, tmp_path) -> None:
+    """capacity's bracket counts requests/s while a rate of conversations starts several
+    requests each; an infinite think time would never end a level; a turn count whose history
+    (with the chat template) outgrows the embedded server's context: exit 2, one line."""
+    exe = ROOT / ".venv" / "bin" / "infermeter"
+    done = subprocess.run(
+        [str(exe), "capacity", "--base-url", server.base_url, "--model", "instant", "--goodput", "ttft_ms:500",
+         "--no-track", "--dataset", f"sharegpt-multiturn:{tmp_path / 'x.json'}"],
+        capture_output=True, text=True, env={**os.environ, "INFERMETER_WORK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2 and "capacity searches a request rate" in done.stderr, done.stderr
+    done, _ = stream(
+        server,
+        tmp_path,
+        "--model",
+        "prefix_cache",
+        "--turns",
+        "2",
+        "--input-len",
+        "8",
+        "--think-time-s",
+        "inf",
+    )
+    assert done.returncode == 2 and "--think-time-s" in done.stderr
+    done = subprocess.run(  # the embedded server (2,048 tokens): 2 x (1000 + 24) fits only without the template
+        [str(exe), "stream", "--no-track", "--turns", "2", "--input-len", "1000", "--max-tokens", "24"],
+        capture_output=True, text=True, env={**os.environ, "INFERMETER_WORK_DIR": str(tmp_path)},
+    )  # fmt: skip
+    assert done.returncode == 2 and "chat template" in done.stderr and "(2048)" in done.stderr, done.stderr

@@ -32,9 +32,6 @@ from flows.commands.workload import (
     PrefixLenOption,
     PrefixPopularityOption,
     SaltOption,
-    ThinkTimeDistOption,
-    ThinkTimeOption,
-    TurnsOption,
     check_dataset,
     workload_overrides,
 )
@@ -84,9 +81,6 @@ def command(
     prefix_groups: PrefixGroupsOption = None,
     prefix_len: PrefixLenOption = None,
     prefix_popularity: PrefixPopularityOption = None,
-    turns: TurnsOption = None,
-    think_time_s: ThinkTimeOption = None,
-    think_time_dist: ThinkTimeDistOption = None,
     keep_cache: KeepCacheOption = False,
     salt: SaltOption = None,
     burstiness: Annotated[
@@ -132,9 +126,9 @@ def command(
                 prefix_groups=prefix_groups,
                 prefix_len=prefix_len,
                 prefix_popularity=prefix_popularity,
-                turns=turns,
-                think_time_s=think_time_s,
-                think_time_dist=think_time_dist,
+                turns=None,
+                think_time_s=None,
+                think_time_dist=None,
                 keep_cache=keep_cache,
                 salt=salt,
             ),
@@ -142,6 +136,14 @@ def command(
     )
     if not cfg.stream.goodput:
         fail_input("--goodput: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
+    if cfg.stream.turns or (cfg.stream.dataset or "").startswith("sharegpt-multiturn:"):
+        # its rate would start conversations of several requests each while its bracket is
+        # measured in requests/s: one figure in two units
+        fail_input(
+            "capacity searches a request rate; a conversation's turns follow their replies, so a "
+            "rate of conversations is not one: measure them with `infermeter stream --turns N "
+            "--request-rate R` (or --dataset sharegpt-multiturn:PATH) at the rates you want"
+        )
     check_dataset(cfg, input_len and not (cfg.stream.prefix_groups or cfg.stream.turns), allow_trace=False)
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)

@@ -10,6 +10,12 @@ import typer
 
 from flows.commands.common import fail_input
 
+#: The chat template's tokens per turn (the role markers of a user and an assistant message)
+#: and at its opening (a default system prompt), for the context check, with some room:
+#: SmolLM2's template puts 30 tokens around a first turn and 11 more around each later one.
+TEMPLATE_TOKENS_PER_TURN = 12
+TEMPLATE_TOKENS_OPENING = 48
+
 PrefixGroupsOption = Annotated[
     Optional[int],
     typer.Option(help="Shared-prefix workload: this many groups (with --prefix-len and --input-len)."),
@@ -85,12 +91,16 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
                 f"embedded server's context ({context}); shorten them"
             )
     if stream.turns and context is not None:
-        longest = stream.turns * (stream.input_len + (stream.output_len or stream.max_tokens))
+        # each turn's two messages carry the chat template's few tokens, and the template may
+        # open with a system prompt: a margin, so that the last turn does not fail on the context
+        turn = stream.input_len + (stream.output_len or stream.max_tokens)
+        longest = stream.turns * (turn + TEMPLATE_TOKENS_PER_TURN) + TEMPLATE_TOKENS_OPENING
         if longest > context:
             fail_input(
                 f"--turns: {stream.turns} turns of {stream.input_len} input + "
-                f"{stream.output_len or stream.max_tokens} output tokens = {longest} by the last turn, "
-                f"longer than the embedded server's context ({context}); fewer or shorter turns"
+                f"{stream.output_len or stream.max_tokens} output tokens (and the chat template's "
+                f"about {longest - stream.turns * turn}) = {longest} by the last turn, longer than "
+                f"the embedded server's context ({context}); fewer or shorter turns"
             )
     if not stream.dataset:
         return

@@ -103,7 +103,10 @@ class StreamConfig(_Strict):
         "max_concurrency users.",
     )
     think_time_s: float = Field(
-        0.0, ge=0, description="A conversation's think time after each reply (seconds; its mean if drawn)."
+        0.0,
+        ge=0,
+        le=3600,
+        description="A conversation's think time after each reply (seconds, at most an hour; its mean if drawn).",
     )
     think_time_dist: Literal["fixed", "exponential"] = Field(
         "fixed", description="Think times: fixed, or drawn from an exponential of that mean (seeded)."
@@ -175,14 +178,20 @@ class StreamConfig(_Strict):
                 "each turn's tokens) and no dataset (--dataset sharegpt-multiturn:PATH replays a file's)"
             )
         if conversation and (self.api != "chat" or self.prefix_groups is not None):
+            given = "--api completions" if self.api != "chat" else "--prefix-groups"
             raise ValueError(
                 "a conversation (--turns, --dataset sharegpt-multiturn:PATH) is sent as chat "
-                "messages with its history: drop --api completions and --prefix-groups"
+                f"messages with its own history: drop {given}"
             )
         if not conversation and (self.think_time_s or self.think_time_dist != "fixed"):
+            given = (
+                "think_time_s (--think-time-s)"
+                if self.think_time_s
+                else "think_time_dist (--think-time-dist)"
+            )
             raise ValueError(
-                "think_time_s (--think-time-s) is the pause between a conversation's turns: give "
-                "--turns N or --dataset sharegpt-multiturn:PATH, or drop it"
+                f"{given} is about the pause between a conversation's turns: give --turns N or "
+                "--dataset sharegpt-multiturn:PATH, or drop it"
             )
         if not trace and self.time_scale != 1.0:
             raise ValueError(

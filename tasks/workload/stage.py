@@ -170,7 +170,9 @@ def _conversation(cfg: Any, tokenizer: Any, salt: int) -> StageWorkload:
         warm_len, source = cfg.input_len, None
     else:
         source = cfg.dataset.partition(":")[2]
-        sessions = read_sessions(source, tokenizer, cfg.num_requests, cfg.seed)
+        read = read_sessions(source, tokenizer, cfg.num_requests, cfg.seed)
+        # a file with fewer conversations is replayed round-robin, each replay its own think times
+        sessions = tuple(read[i % len(read)] for i in range(cfg.num_requests))
         warm_len = 64
     sessions = with_think_times(sessions, cfg.think_time_s, cfg.think_time_dist, cfg.seed)
     warmups, counts = _warmup_prompts(tokenizer, warm_len, cfg.warmup, salt)

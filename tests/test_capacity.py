@@ -170,8 +170,11 @@ def test_search_finds_the_law_rate_on_the_instrument(server) -> None:
         num_requests=30,
         warmup=1,
         burstiness=1000.0,  # near-regular arrivals: the law assumes a steady number in flight
-        # The machine is shared: a few ms of event-loop lag are not this test's subject.
+        # The machine is shared: a few ms of event-loop lag, and the chunks a late read then
+        # finds together, are not this test's subject (a CI run with other suites beside it
+        # saw 2.2 % of the gaps coalesced and stopped the search as client-bound).
         lag_tolerance_ms=50.0,
+        coalesced_tolerance=0.2,
     )
     connection = Connection(server.base_url)
     slos = {"tpot_ms": TPOT_SLO_MS, "ttft_ms": 500.0}

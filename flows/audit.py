@@ -19,7 +19,7 @@ from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
-from tasks.report.baseline import judge
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge, write_samples
 from tasks.stream.errors import every_request_failed
 
 
@@ -72,10 +72,12 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
 
         headline = report.headline(stages)
         summary = report.summary_markdown(stages, errors, endpoint_kind)
+        samples = report.samples(stages)  # kept, so that a later audit can be judged against them
+        run.tracker.log_artifact(run.run_id, write_samples(samples, run.workdir / SAMPLES_ARTIFACT))
         verdict = None
         if run.run_id and config.regression.enabled and not errors:
             try:
-                verdict = judge(run.tracker, run.run_id, headline, run.tags, config.regression)
+                verdict = judge(run.tracker, run.run_id, headline, run.tags, config.regression, samples)
             except LookupError as exc:  # a named baseline that does not exist
                 errors["regression"] = str(exc)
         if verdict is not None:

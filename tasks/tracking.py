@@ -24,7 +24,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -164,9 +164,8 @@ class Tracker:
         tags: Mapping[str, Any] | None = None,
         start_time_ms: int | None = None,
     ) -> str | None:
-        """Create a run (nested under ``parent_run_id`` when given) and return its id.
-        ``start_time_ms`` (Unix ms): when what it records began, for a run logged afterwards
-        (a load level); default now."""
+        """Create a run (nested under ``parent_run_id`` when given) and return its id. ``start_time_ms``
+        (Unix ms): when what it records began, for a run logged afterwards (a level); default now."""
         if not self.enabled:
             return None
         all_tags = {OWNER_HOST_TAG: socket.gethostname(), OWNER_TAG: process_identity()}
@@ -187,9 +186,8 @@ class Tracker:
 
     def create_run(self, name: str, tags: dict[str, str], start_time_ms: int | None) -> str:
         """A new run with exactly these tags (start_run's, or a journaled one sent again)."""
-        return self._client.create_run(
-            self._experiment_id, start_time=start_time_ms, run_name=name, tags=tags
-        ).info.run_id
+        run = self._client.create_run(self._experiment_id, start_time=start_time_ms, run_name=name, tags=tags)
+        return run.info.run_id
 
     def close_abandoned(self) -> list[dict]:
         """End KILLED the RUNNING runs of this store whose owner on this host is certainly gone
@@ -308,19 +306,23 @@ class Tracker:
     def load_table(self, run_id: str | None, artifact_file: str) -> list[dict]:
         """The rows of a table that :meth:`log_table` wrote ([] when tracking is off or the run
         has no such artifact)."""
+        table = self.read_artifact(run_id, artifact_file, lambda p: json.loads(p.read_text(encoding="utf-8")))
+        return [] if table is None else [dict(zip(table["columns"], row)) for row in table["data"]]
+
+    def read_artifact(self, run_id: str | None, artifact_file: str, read: Callable[[Path], Any]) -> Any:
+        """``read(local copy of the artifact)``; None when tracking is off, the run has no such
+        artifact, or ``read`` raises OSError / ValueError (an unreadable file)."""
         import tempfile
 
         from mlflow.exceptions import MlflowException
 
         if not (self.enabled and run_id) or self.offline:
-            return []
+            return None
         with tempfile.TemporaryDirectory() as folder:
             try:
-                path = self._client.download_artifacts(run_id, artifact_file, folder)
-                table = json.loads(Path(path).read_text(encoding="utf-8"))
+                return read(Path(self._client.download_artifacts(run_id, artifact_file, folder)))
             except (MlflowException, OSError, ValueError):
-                return []
-        return [dict(zip(table["columns"], row)) for row in table["data"]]
+                return None
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         """The latest value of every metric of a run.

@@ -112,7 +112,12 @@ def test_the_cli_names_the_regressed_metrics_and_the_baseline_runs(tmp_path, cap
     result = judge(tracker, now, {"ttft_ms_p50": 130.0, "tpot_ms_mean": 10.0}, IDENT, RegressionConfig())
     print_verdict(result.to_dict())
     out = capsys.readouterr().out
-    assert "REGRESSION in ttft_ms_p50 (+30.0 %)" in out and "tpot_ms_mean" not in out
+    first = out.splitlines()[0]
+    assert "REGRESSION in ttft_ms_p50 (+30.0 %)" in first and "tpot_ms_mean" not in first
+    # then every judged metric on a line of its own, with its class
+    assert any(
+        line.split()[:3] == ["tpot_ms_mean", "+0.0", "%"] and "unchanged" in line for line in out.splitlines()
+    )
     assert f"Baseline runs: {old}" in out
     other = _audit(tracker, _config(max_tokens=32), {}, finish=False)
     print_verdict(judge(tracker, other, {"ttft_ms_p50": 1.0}, IDENT, RegressionConfig()).to_dict())

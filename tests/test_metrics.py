@@ -120,8 +120,10 @@ def test_names_and_orders_the_outputs_depend_on() -> None:
     )
     assert headline("stream") == (
         "ttft_ms_p50",
+        "ttft_ms_p90",
         "ttft_ms_p99",
         "itl_ms_p50",
+        "itl_ms_p90",
         "itl_ms_p99",
         "tpot_ms_mean",
         "e2e_ms_p50",
@@ -131,6 +133,10 @@ def test_names_and_orders_the_outputs_depend_on() -> None:
     )
     assert list(DEFAULT_THRESHOLDS_PCT.items()) == [
         ("ttft_ms_p50", 15.0),
+        ("ttft_ms_p90", 15.0),  # issue 21: the tails too, each with its interval
+        ("ttft_ms_p99", 15.0),
+        ("itl_ms_p90", 15.0),
+        ("itl_ms_p99", 15.0),
         ("tpot_ms_mean", 15.0),
         ("e2e_ms_p50", 15.0),
         ("prefill_ms", 15.0),

@@ -127,4 +127,14 @@ def print_verdict(verdict: dict) -> None:
             + (f"REGRESSION in {regressed}" if verdict["regressed"] else "no regression"),
             highlight=False,
         )
+        for row in verdict["rows"]:  # each judged metric: its change, interval and class
+            console.print(f"  {verdict_line(row)}", highlight=False, markup=False)
     console.print(f"Baseline runs: {ids}", highlight=False)
+
+
+def verdict_line(row: dict) -> str:
+    """One judged metric: ``ttft_ms_p50  +3.1 % [-2.0 .. +8.4 %]  unchanged  (note)``."""
+    change = "n/a" if row.get("change_pct") is None else f"{row['change_pct']:+.1f} %"
+    if row.get("change_pct_ci_low") is not None:
+        change += f" [{row['change_pct_ci_low']:+.1f} .. {row['change_pct_ci_high']:+.1f} %]"
+    return f"{row['metric']:<22} {change:<28} {row['verdict']:<12} ({row['note']})"

@@ -36,6 +36,13 @@ class RegressionConfig(_Strict):
         description="Allowed change per metric in percent: +15 = latency may grow 15 %, "
         "-10 = throughput may drop 10 %.",
     )
+    confidence: float = Field(
+        0.95,
+        gt=0,
+        lt=1,
+        description="Confidence of each change's interval; 1 - confidence is the family-wise "
+        "false-alarm rate across the judged metrics (Holm).",
+    )
     fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
     force_baseline: bool = Field(
         False,

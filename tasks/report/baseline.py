@@ -14,11 +14,16 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tasks.config import RegressionConfig
 from tasks.report.regression import MetricVerdict, verdict, verdict_markdown
+from tasks.stats.samples import Samples, from_rows, rows
 from tasks.tracking import Tracker
+
+#: The parent run's artifact with the samples behind its headline (``tasks.stats.samples``).
+SAMPLES_ARTIFACT = "samples.parquet"
 
 #: Tags that make two audits comparable (the automatic search filters on them).
 IDENTITY_TAGS = ("endpoint_kind", "endpoint_model", "endpoint_model_sha256", "model")
@@ -179,6 +184,35 @@ class RegressionResult:
         }
 
 
+def write_samples(samples: Samples, path: Path) -> Path:
+    """Samples as :data:`SAMPLES_ARTIFACT` (one row per value, ``tasks.stats.samples.rows``)."""
+    import polars as pl
+
+    schema = {
+        "group": pl.String,
+        "unit": pl.Int32,
+        "cluster": pl.Int32,
+        "family": pl.String,
+        "value": pl.Float64,
+    }
+    pl.DataFrame(rows(samples), schema=schema).write_parquet(path)
+    return path
+
+
+def read_samples(path: Path) -> Samples:
+    """Samples back from :func:`write_samples`' file.
+
+    Raises:
+        ValueError: not such a file (polars' errors, a missing column).
+    """
+    import polars as pl
+
+    try:
+        return from_rows(pl.read_parquet(path).to_dicts())
+    except (pl.exceptions.PolarsError, KeyError) as exc:
+        raise ValueError(f"{path.name}: not a samples file ({exc})") from exc
+
+
 def _quote(value: str) -> str:
     return value.replace("'", "\\'")
 
@@ -225,8 +259,11 @@ def judge(
     current: Mapping[str, float],
     tags: Mapping[str, str],
     cfg: RegressionConfig,
+    samples: Samples | None = None,
 ) -> RegressionResult | None:
-    """Compare ``current`` with the baseline and record the verdict on ``run_id``: tag
+    """Compare ``current`` (and its ``samples``: the test; None: the legacy rule) with the
+    baseline, whose runs' :data:`SAMPLES_ARTIFACT` are read back (a run without one, or with an
+    unreadable one, is judged by the legacy rule, and the rows say so); record the verdict on ``run_id``: tag
     ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``regression.md`` and
     ``regression.json``. The workload of ``run_id`` is read from its logged params and tags.
     None when there is no baseline yet (the first audit of an endpoint and model).
@@ -245,8 +282,16 @@ def judge(
     if not cfg.baseline_run_id:
         label = f"median of the last {len(runs)} {label}" + ("" if not differences else " (workload differs)")
     judged = not differences or cfg.force_baseline
+    kept = (
+        [tracker.read_artifact(r["run_id"], SAMPLES_ARTIFACT, read_samples) for r in runs] if judged else []
+    )
+    metric_rows = (
+        verdict(current, [r["metrics"] for r in runs], cfg.thresholds_pct, samples, kept, cfg.confidence)
+        if judged
+        else []
+    )
     result = RegressionResult(
-        verdict(current, [r["metrics"] for r in runs], cfg.thresholds_pct) if judged else [],
+        metric_rows,
         label,
         ids,
         differences,
@@ -257,6 +302,7 @@ def judge(
         {
             "regression": "incomparable" if result.incomparable else str(result.regressed).lower(),
             "baseline_run_ids": ",".join(ids)[:5000],
+            **{f"verdict.{row.metric}": row.verdict for row in result.rows},
         },
     )
     tracker.log_text(run_id, result.markdown(), "regression.md")

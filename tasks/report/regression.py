@@ -1,5 +1,14 @@
 """Regression verdicts: is this run worse than its baseline, beyond threshold and noise?
 
+Two rules. Where both sides kept their samples (``samples.parquet``, :mod:`tasks.stats.samples`)
+the verdict is a test: per metric the change with its confidence interval and one of
+``regressed`` / ``improved`` / ``unchanged`` / ``inconclusive``, Holm across the metrics
+(:mod:`tasks.stats.verdict` has the rule and its sources). Where a side has none (a baseline
+logged before samples were kept, an unreadable artifact), the rule below, the *legacy rule*,
+and each row says so.
+
+The legacy rule:
+
 A threshold is a signed percentage that also says which way is worse:
 
 - ``+15`` (latency, e.g. ``ttft_ms_p50``): worse when the current value is more than 15 % above
@@ -21,10 +30,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 # Which metrics a threshold may name, and the defaults, live in the registry (re-exported).
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_known_metric
+from tasks.stats import verdict as test
+from tasks.stats.samples import Samples
 
 __all__ = [
     "DEFAULT_THRESHOLDS_PCT",
@@ -39,7 +50,10 @@ __all__ = [
 
 @dataclass(frozen=True)
 class MetricVerdict:
-    """One metric's comparison. ``change_pct`` is (current - baseline) / baseline x 100."""
+    """One metric's comparison. ``change_pct`` is (current - baseline) / baseline x 100;
+    ``change_pct_ci_low`` / ``_high`` its confidence interval (None under the legacy rule);
+    ``verdict`` one of ``regressed``, ``improved``, ``unchanged``, ``inconclusive``; ``rule``
+    ``samples`` (the test) or ``legacy`` (median and spread, no interval)."""
 
     metric: str
     baseline: float | None
@@ -50,6 +64,11 @@ class MetricVerdict:
     spread_max: float | None
     regressed: bool
     note: str
+    change_pct_ci_low: float | None = None
+    change_pct_ci_high: float | None = None
+    verdict: str = "unchanged"
+    p_value: float | None = None
+    rule: str = "legacy"
 
     def to_row(self) -> dict:
         return asdict(self)
@@ -80,7 +99,9 @@ def judge_metric(
     low, high = spread
 
     def unjudged(reason: str) -> MetricVerdict:  # no relative change can be computed
-        return MetricVerdict(metric, baseline, current, None, threshold_pct, low, high, False, reason)
+        return MetricVerdict(
+            metric, baseline, current, None, threshold_pct, low, high, False, reason, verdict="inconclusive"
+        )
 
     if current is None or baseline is None:
         return unjudged("missing in the current run" if current is None else "no baseline")
@@ -100,43 +121,116 @@ def judge_metric(
             high,
             False,
             "beyond threshold but inside the baseline's spread (noise)",
+            verdict="inconclusive",
         )
+    better = change_pct < -threshold_pct if threshold_pct >= 0 else change_pct > -threshold_pct
+    kind = "regressed" if beyond else "improved" if better else "unchanged"
     note = "regression" if beyond else "ok"
-    return MetricVerdict(metric, baseline, current, change_pct, threshold_pct, low, high, beyond, note)
+    return MetricVerdict(
+        metric, baseline, current, change_pct, threshold_pct, low, high, beyond, note, verdict=kind
+    )
 
 
 def verdict(
     current: Mapping[str, float],
     baseline_runs: Sequence[Mapping[str, float]],
     thresholds_pct: Mapping[str, float],
+    current_samples: Samples | None = None,
+    baseline_samples: Sequence[Samples | None] = (),
+    confidence: float = 0.95,
+    resamples: int = test.DEFAULT_RESAMPLES,
 ) -> list[MetricVerdict]:
     """Judge every thresholded metric against the baseline run(s).
 
-    One baseline run: its value, no spread. Several: their median, with min..max as spread.
+    The test (:mod:`tasks.stats.verdict`) when ``current_samples`` and one ``baseline_samples``
+    per baseline run are all given; else the legacy rule (one baseline run: its value, no
+    spread; several: their median, with min..max as spread), its rows' notes saying so. Either
+    way the baseline figure is the median of the runs' logged values.
 
     Raises:
         ValueError: no baseline runs.
     """
     if not baseline_runs:
         raise ValueError("no baseline runs to compare with")
+    medians = {metric: baseline_from_runs(baseline_runs, metric) for metric in thresholds_pct}
+    samples_kept = (
+        current_samples is not None
+        and len(baseline_samples) == len(baseline_runs)
+        and all(s is not None for s in baseline_samples)
+    )
+    if not samples_kept:
+        rows = []
+        for metric, threshold in thresholds_pct.items():
+            median, low, high = medians[metric]
+            spread = (low, high) if len(baseline_runs) > 1 else (None, None)
+            row = judge_metric(metric, current.get(metric), median, threshold, spread)
+            rows.append(replace(row, note=row.note + "; legacy rule (a side kept no samples)"))
+        return rows
+    pooled: Samples = {}
+    for samples in baseline_samples:
+        for group, units in (samples or {}).items():
+            pooled.setdefault(group, []).extend(units)
+    changes: dict[str, test.Change | str] = {}
+    for metric in thresholds_pct:
+        value, base = current.get(metric), medians[metric][0]
+        if value is None or base is None or base == 0:
+            changes[metric] = "missing in the current run" if value is None else "no baseline value"
+            continue
+        est = test.estimator(metric)
+        group = est.group if est else ""
+        changes[metric] = test.change(
+            metric,
+            float(value),
+            float(base),
+            (current_samples or {}).get(group, []),
+            pooled.get(group, []),
+            confidence=confidence,
+            resamples=resamples,
+        )
     rows = []
-    for metric, threshold in thresholds_pct.items():
-        median, low, high = baseline_from_runs(baseline_runs, metric)
-        spread = (low, high) if len(baseline_runs) > 1 else (None, None)
-        rows.append(judge_metric(metric, current.get(metric), median, threshold, spread))
+    for judged in test.judge(changes, thresholds_pct, confidence):
+        c = judged.change
+        median, low, high = medians[judged.metric]
+        value = current.get(judged.metric)
+        rows.append(
+            MetricVerdict(
+                judged.metric,
+                median,
+                None if value is None else float(value),
+                None if c is None else c.change_pct,
+                thresholds_pct[judged.metric],
+                low if len(baseline_runs) > 1 else None,
+                high if len(baseline_runs) > 1 else None,
+                judged.verdict == "regressed",
+                judged.note,
+                None if c is None else c.ci_low,
+                None if c is None else c.ci_high,
+                judged.verdict,
+                None if c is None else c.p_value,
+                "samples",
+            )
+        )
     return rows
 
 
 def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str) -> str:
-    """The verdict as a markdown table (for MLflow and the Prefect artifact)."""
+    """The verdict as a markdown table (for MLflow and the Prefect artifact): every judged metric
+    with baseline, current, change and its interval, threshold, and verdict class."""
     regressed = any(row.regressed for row in rows)
+    rule = (
+        "legacy rule: median and spread, no intervals"
+        if any(r.rule == "legacy" for r in rows)
+        else ("a test on the samples: bootstrap intervals, Holm across metrics (docs/DESIGN.md)")
+    )
     lines = [
         f"# Regression verdict: {'REGRESSION' if regressed else 'no regression'}",
         "",
         f"Baseline: {baseline_label}",
         "",
-        "| metric | baseline | current | change | threshold | baseline spread | verdict |",
-        "| --- | --- | --- | --- | --- | --- | --- |",
+        f"Rule: {rule}",
+        "",
+        "| metric | baseline | current | change | 95 % interval | threshold | baseline spread | verdict | note |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
     def num(value):
@@ -144,9 +238,14 @@ def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str) -> str:
 
     for row in rows:
         change = "n/a" if row.change_pct is None else f"{row.change_pct:+.1f} %"
+        interval = (
+            "n/a"
+            if row.change_pct_ci_low is None
+            else f"{row.change_pct_ci_low:+.1f} .. {row.change_pct_ci_high:+.1f} %"
+        )
         spread = "n/a" if row.spread_min is None else f"{num(row.spread_min)} .. {num(row.spread_max)}"
         lines.append(
-            f"| {row.metric} | {num(row.baseline)} | {num(row.current)} | {change} | "
-            f"{row.threshold_pct:+.0f} % | {spread} | {row.note} |"
+            f"| {row.metric} | {num(row.baseline)} | {num(row.current)} | {change} | {interval} | "
+            f"{row.threshold_pct:+.0f} % | {spread} | {row.verdict} | {row.note} |"
         )
     return "\n".join(lines) + "\n"

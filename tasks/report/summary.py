@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 from tasks import metrics
+from tasks.stats.samples import Samples, profile_units, stream_units
 
 CAVEATS = [
     "The local profile runs the model dequantised in transformers; the embedded llama.cpp "
@@ -28,6 +29,20 @@ def headline(stages: dict[str, dict]) -> dict[str, float | int | None]:
         result = stages.get(name) or {}
         merged.update(result.get("headline") or result.get("metrics") or {})
     return merged
+
+
+def samples(stages: dict[str, dict]) -> Samples:
+    """The samples behind the headline (``tasks.stats.samples``): the stream stage's first
+    level's requests (``stream``) and the profile stage's first successful point's timed repeats
+    (``profile``), the same level and point the headline reads."""
+    out: Samples = {}
+    levels = (stages.get("stream") or {}).get("levels") or []
+    if levels:
+        out["stream"] = stream_units(levels[0].get("requests") or [])
+    points = [p for p in (stages.get("profile") or {}).get("points") or [] if not p.get("failed")]
+    if points:
+        out["profile"] = profile_units(points[0])
+    return {group: units for group, units in out.items() if units}
 
 
 def _fmt(value: Any) -> str:

@@ -1,0 +1,193 @@
+"""The regression test on samples (tasks.stats.verdict, issue 21): each verdict class on
+constructed samples, Holm across many small changes, the interval of a change, the samples file,
+and the legacy fallback for a baseline that kept no samples (against a real MLflow store)."""
+
+import numpy as np
+import pytest
+
+from tasks.config import RegressionConfig
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge, read_samples, write_samples
+from tasks.report.regression import verdict
+from tasks.stats import verdict as test
+from tasks.stats.samples import Unit, from_rows, profile_units, rows, stream_units
+from tasks.tracking import Tracker
+
+THRESHOLDS = {"ttft_ms_p50": 15.0, "ttft_ms_p99": 15.0, "itl_ms_p50": 15.0, "output_tokens_per_s": -10.0}
+
+
+def run(rng, n=60, scale_ttft=1.0, scale_itl=1.0, sigma=0.1, tokens=16):
+    """One run of n requests: (its logged figures, its samples), log-normal TTFT and ITL."""
+    ttft = rng.lognormal(np.log(50 * scale_ttft), sigma, n)
+    itl = rng.lognormal(np.log(10 * scale_itl), sigma, (n, tokens - 1))
+    e2e = ttft + itl.sum(axis=1)
+    records = [
+        {"ttft_ms": t, "itl_ms": list(g), "e2e_ms": e, "tpot_ms": g.mean(), "output_tokens": tokens}
+        for t, g, e in zip(ttft, itl, e2e)
+    ]
+    figures = {
+        "ttft_ms_p50": float(np.quantile(ttft, 0.5)),
+        "ttft_ms_p99": float(np.quantile(ttft, 0.99)),
+        "itl_ms_p50": float(np.quantile(itl, 0.5)),
+        "output_tokens_per_s": n * tokens / e2e.sum() * 1000,
+    }
+    return figures, {"stream": stream_units(records)}
+
+
+def classes(rows_):
+    return {row.metric: row.verdict for row in rows_}
+
+
+def test_each_verdict_class_on_constructed_samples():
+    rng = np.random.default_rng(7)
+    base, cur = run(rng), run(rng)
+    same = verdict(cur[0], [base[0]], THRESHOLDS, cur[1], [base[1]])
+    assert classes(same) == {
+        "ttft_ms_p50": "unchanged",
+        "ttft_ms_p99": "inconclusive",  # 60 requests: 0.6 beyond the p99
+        "itl_ms_p50": "unchanged",
+        "output_tokens_per_s": "unchanged",
+    }
+    assert "too few samples for p99" in same[1].note and same[1].change_pct_ci_low is None
+    assert all(row.rule == "samples" and not row.regressed for row in same)
+    slower = run(rng, scale_ttft=1.3, scale_itl=1.3)
+    worse = verdict(slower[0], [base[0]], THRESHOLDS, slower[1], [base[1]])
+    assert classes(worse) == {
+        "ttft_ms_p50": "regressed",
+        "ttft_ms_p99": "inconclusive",
+        "itl_ms_p50": "regressed",
+        "output_tokens_per_s": "regressed",  # throughput fell ~23 %: worse for a -10 threshold
+    }
+    row = worse[0]
+    assert row.change_pct_ci_low < row.change_pct < row.change_pct_ci_high and row.change_pct_ci_low > 0
+    assert 20 < row.change_pct < 40 and row.p_value < 0.01
+    faster = run(rng, scale_ttft=0.7, scale_itl=0.7)
+    better = verdict(faster[0], [base[0]], THRESHOLDS, faster[1], [base[1]])
+    assert (
+        classes(better)["ttft_ms_p50"] == "improved" and classes(better)["output_tokens_per_s"] == "improved"
+    )
+    assert not any(row.regressed for row in better)
+
+
+def test_a_noisy_short_run_is_inconclusive_and_says_how_many_more_requests():
+    rng = np.random.default_rng(3)
+    base, cur = run(rng, n=12, sigma=0.5), run(rng, n=12, sigma=0.5, scale_ttft=1.1)
+    judged = verdict(cur[0], [base[0]], {"ttft_ms_p50": 15.0}, cur[1], [base[1]])[0]
+    assert judged.verdict == "inconclusive"
+    assert judged.change_pct_ci_high - judged.change_pct_ci_low > 30  # far wider than +-15 %
+    more = int(judged.note.split("about ")[1].split()[0])
+    half, change = (judged.change_pct_ci_high - judged.change_pct_ci_low) / 2, abs(judged.change_pct)
+    target = change if change > 15 else 15 - change  # exclude no change, or fit within +-15 %
+    assert more == pytest.approx(12 * ((half / target) ** 2 - 1), abs=1) and more > 0
+    assert "more requests would settle it" in judged.note
+
+
+def test_many_metrics_each_changing_a_little_raise_no_alarm_and_holm_is_step_down():
+    """Twelve metrics each 16 % worse (just past the threshold), each significant alone (p =
+    0.01): Holm over twelve needs p <= 0.05 / 12 for the first, so none is called regressed
+    (each alone would be); twelve 5 % changes with narrow intervals are each unchanged."""
+    names = [f"ttft_ms_p{q}" for q in range(40, 52)]
+    little = {m: test.Change(m, 16.0, 1.0, 31.0, 0.01, 15.0, 100) for m in names}
+    judged = test.judge(little, dict.fromkeys(names, 15.0), 0.95)
+    assert {j.verdict for j in judged} == {"inconclusive"}
+    assert all("not significant after Holm" in j.note for j in judged)
+    alone = test.judge({names[0]: little[names[0]]}, {names[0]: 15.0}, 0.95)
+    assert alone[0].verdict == "regressed"
+    small = {m: test.Change(m, 5.0, -1.0, 11.0, 0.1, 6.0, 100) for m in names}
+    assert {j.verdict for j in test.judge(small, dict.fromkeys(names, 15.0), 0.95)} == {"unchanged"}
+    assert test.holm([0.01, 0.02, 0.04], 0.05) == [True, True, True]  # .01 <= .05/3, .02 <= .05/2, .04 <= .05
+    assert test.holm([0.01, 0.03, 0.04], 0.05) == [True, False, False]  # .03 > .05/2: it stops
+    assert test.holm([0.001, 0.011, 0.02], 0.05) == [True, True, True]  # Bonferroni (<= .0167) stops at 0.02
+    assert test.holm([0.03, 0.001], 0.05) == [True, True]
+
+
+def test_a_change_beyond_threshold_that_holm_does_not_back_is_inconclusive():
+    c = test.Change("ttft_ms_p50", 20.0, 1.0, 39.0, 0.04, 19.0, 50)
+    others = {f"itl_ms_p{q}": test.Change(f"itl_ms_p{q}", 0.0, -2.0, 2.0, 0.9, 2.0, 50) for q in (50, 90)}
+    judged = test.judge(
+        {"ttft_ms_p50": c, **others}, {"ttft_ms_p50": 15.0, "itl_ms_p50": 15.0, "itl_ms_p90": 15.0}, 0.95
+    )
+    assert judged[0].verdict == "inconclusive" and "not significant after Holm" in judged[0].note
+    assert [j.verdict for j in judged[1:]] == ["unchanged", "unchanged"]
+
+
+def test_several_baseline_runs_add_their_between_run_spread():
+    """Five baseline runs that differ by +-10 % between runs (not within): the change's interval
+    is wider than from one run's requests alone."""
+    rng = np.random.default_rng(11)
+    baselines = [run(rng, scale_ttft=s) for s in (0.9, 0.95, 1.0, 1.05, 1.1)]
+    cur = run(rng)
+    pooled = test.change(
+        "ttft_ms_p50", cur[0]["ttft_ms_p50"], 50.0, cur[1]["stream"],
+        [u for _, s in baselines for u in s["stream"]], confidence=0.95,
+    )  # fmt: skip
+    one = test.change(
+        "ttft_ms_p50",
+        cur[0]["ttft_ms_p50"],
+        50.0,
+        cur[1]["stream"],
+        baselines[2][1]["stream"],
+        confidence=0.95,
+    )
+    assert pooled.half_width > 1.3 * one.half_width
+
+
+def test_samples_survive_their_file_and_profile_repeats_are_clusters(tmp_path):
+    rng = np.random.default_rng(5)
+    samples = run(rng, n=6)[1]
+    samples["stream"][0] = Unit({**samples["stream"][0].clusters, "tpot_ms": ((),) * 6})  # no TPOT at all
+    samples["profile"] = profile_units(
+        {"prefill_ms_runs": [3.0, 3.5], "decode_ms_runs": [[1.0, 1.1], [1.2, 1.3]]}
+    )
+    assert samples["profile"][0].size == 2 and samples["profile"][0].count("decode_ms") == 4
+    assert from_rows(rows(samples)) == samples
+    path = write_samples(samples, tmp_path / SAMPLES_ARTIFACT)
+    assert read_samples(path) == samples
+    (tmp_path / "bad.parquet").write_text("not parquet")
+    with pytest.raises(ValueError, match="not a samples file"):
+        read_samples(tmp_path / "bad.parquet")
+    assert stream_units([{"warmup": True, "ttft_ms": 1.0}, {"ttft_ms": None, "error": {"class": "x"}}]) == []
+
+
+def test_a_baseline_without_samples_is_judged_by_the_legacy_rule_with_a_note(tmp_path):
+    tracker = Tracker("verdict", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    ident = {"flow": "audit", "endpoint_kind": "llama.cpp", "endpoint_model": "m", "model": "gguf:default"}
+    rng = np.random.default_rng(9)
+    cfg = RegressionConfig(thresholds_pct=THRESHOLDS)
+    old, new = run(rng), run(rng)
+    legacy = tracker.start_run("logged before samples", tags=ident)
+    tracker.log_metrics(legacy, old[0])
+    tracker.end_run(legacy)
+    current = tracker.start_run("now", tags=ident)
+    result = judge(tracker, current, new[0], ident, cfg, new[1])
+    assert {row.rule for row in result.rows} == {"legacy"} and "legacy rule" in result.rows[0].note
+    assert result.rows[0].change_pct_ci_low is None and "legacy rule" in result.markdown()
+    # the same baseline with its samples kept: the test, intervals in the json and the markdown
+    tracker.log_artifact(legacy, write_samples(old[1], tmp_path / SAMPLES_ARTIFACT))
+    result = judge(tracker, current, new[0], ident, cfg, new[1])
+    row = result.to_dict()["rows"][0]
+    assert row["rule"] == "samples" and row["verdict"] == "unchanged"
+    assert row["change_pct_ci_low"] < row["change_pct"] < row["change_pct_ci_high"]
+    assert "| ttft_ms_p50 |" in result.markdown() and " .. " in result.markdown()
+    assert tracker.runs_by_id([current])[0]["tags"]["verdict.ttft_ms_p50"] == "unchanged"
+    # an unreadable samples artifact: the legacy rule again, never a crash
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / SAMPLES_ARTIFACT).write_text("garbage")
+    other = tracker.start_run("broken samples", tags=ident)
+    tracker.log_metrics(other, old[0])
+    tracker.log_artifact(other, tmp_path / "broken" / SAMPLES_ARTIFACT)
+    tracker.end_run(other)
+    result = judge(
+        tracker,
+        current,
+        new[0],
+        ident,
+        RegressionConfig(thresholds_pct=THRESHOLDS, baseline_run_id=other),
+        new[1],
+    )
+    assert {row.rule for row in result.rows} == {"legacy"}
+
+
+@pytest.mark.parametrize("bad", [0.0, 1.0, 1.5])
+def test_a_confidence_outside_zero_one_is_refused(bad):
+    with pytest.raises(ValueError, match="confidence"):
+        RegressionConfig(confidence=bad)

@@ -98,45 +98,60 @@ def estimator(metric: str) -> Estimator | None:
 
 
 class _Pool:
-    """One side's units of a group as flat arrays, for fast draws."""
+    """One side's units of a group as flat arrays, for draws in blocks.
+
+    A two-level draw is expressed as counts per cluster: drawing ``U`` units with replacement
+    gives each unit a multiplicity ``m`` (multinomial), and drawing ``n`` clusters of each of
+    its ``m`` copies is ``m x n`` uniform picks among its ``n`` clusters (multinomial again), the
+    same distribution without a Python loop per draw.
+    """
 
     def __init__(self, units: Sequence[Unit], families: Sequence[str]) -> None:
-        self.units = []
-        for unit in units:
-            flat = {}
-            for family in families:
-                clusters = unit.clusters.get(family, ())
-                values = np.array([v for c in clusters for v in c], dtype=np.float64)
-                owner = np.repeat(np.arange(len(clusters)), [len(c) for c in clusters])
-                flat[family] = (values, owner)
-            self.units.append((unit.size, flat))
+        self.sizes = [unit.size for unit in units]
+        self.values: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # family -> (values, cluster)
+        for family in families:
+            values, owner, offset = [], [], 0
+            for unit in units:
+                for c, cluster in enumerate(unit.clusters.get(family, ())):
+                    values.extend(cluster)
+                    owner.extend([offset + c] * len(cluster))
+                offset += unit.size
+            order = np.argsort(np.array(values, dtype=np.float64), kind="stable")
+            self.values[family] = (
+                np.array(values, dtype=np.float64)[order],
+                np.array(owner, dtype=np.int64)[order],
+            )
 
-    def draw(self, rng: np.random.Generator | None) -> dict[str, np.ndarray]:
-        """Per family, the pooled values of one two-level draw (all samples once when no rng)."""
-        chosen = range(len(self.units)) if rng is None else rng.integers(0, len(self.units), len(self.units))
-        parts: dict[str, list[np.ndarray]] = {}
-        for index in chosen:
-            size, flat = self.units[index]
-            counts = None if rng is None else np.bincount(rng.integers(0, size, size), minlength=size)
-            for family, (values, owner) in flat.items():
-                parts.setdefault(family, []).append(
-                    values if counts is None else np.repeat(values, counts[owner])
-                )
-        return {family: np.concatenate(arrays) for family, arrays in parts.items()}
+    def counts(self, draws: int, rng: np.random.Generator) -> np.ndarray:
+        """``(draws, clusters)`` counts of each cluster in each two-level draw."""
+        units = len(self.sizes)
+        multiplicity = rng.multinomial(units, [1 / units] * units, size=draws)
+        return np.concatenate(
+            [rng.multinomial(multiplicity[:, u] * n, [1 / n] * n) for u, n in enumerate(self.sizes) if n],
+            axis=1,
+        )
 
-
-def _statistic(est: Estimator, pooled: Mapping[str, np.ndarray]) -> float:
-    values = pooled[est.family]
-    if est.stat == "ratio":
-        per = pooled[est.per or ""]
-        return float(values.sum() / per.sum()) if per.size and per.sum() > 0 else math.nan
-    if not values.size:
-        return math.nan
-    stat = est.stat.removeprefix("inverse_")
-    value = float(values.mean()) if stat == "mean" else float(np.quantile(values, float(stat[1:]) / 100))
-    if est.stat.startswith("inverse_"):
-        return 1.0 / value if value > 0 else math.nan
-    return value
+    def statistic(self, est: Estimator, counts: np.ndarray) -> np.ndarray:
+        """The statistic of each draw, ``counts`` ``(draws, clusters)`` -> ``(draws,)`` (NaN: none)."""
+        values, owner = self.values[est.family]
+        weights = counts[:, owner]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            if est.stat == "ratio":
+                per_values, per_owner = self.values[est.per or ""]
+                return (weights * values).sum(axis=1) / (counts[:, per_owner] * per_values).sum(axis=1)
+            stat = est.stat.removeprefix("inverse_")
+            total = weights.sum(axis=1)
+            if stat == "mean":
+                out = (weights * values).sum(axis=1) / total
+            else:  # numpy's "linear" quantile of the draw, read off the sorted values' cumulative counts
+                h = (total - 1) * float(stat[1:]) / 100
+                low = np.floor(h)
+                cumulative = np.cumsum(weights, axis=1)
+                below = np.minimum((cumulative <= low[:, None]).sum(axis=1), values.size - 1)
+                above = np.minimum((cumulative <= low[:, None] + 1).sum(axis=1), values.size - 1)
+                out = values[below] + (h - low) * (values[above] - values[below])
+                out[total == 0] = np.nan
+            return 1.0 / out if est.stat.startswith("inverse_") else out
 
 
 def relative_draws(
@@ -146,10 +161,16 @@ def relative_draws(
     if not units or not any(unit.size for unit in units):
         return None
     pool = _Pool(units, [est.family] + ([est.per] if est.per else []))
-    whole = _statistic(est, pool.draw(None))
+    clusters = sum(pool.sizes)
+    whole = float(pool.statistic(est, np.ones((1, clusters), dtype=np.int64))[0])
     if not math.isfinite(whole) or whole == 0:
         return None
-    return np.array([_statistic(est, pool.draw(rng)) for _ in range(resamples)]) / whole
+    block = max(1, min(resamples, 4_000_000 // max(1, pool.values[est.family][0].size)))  # ~32 MB a block
+    draws = [
+        pool.statistic(est, pool.counts(min(block, resamples - done), rng))
+        for done in range(0, resamples, block)
+    ]
+    return np.concatenate(draws) / whole
 
 
 @dataclass(frozen=True)

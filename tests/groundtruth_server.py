@@ -37,7 +37,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import math
 import os
+import random
 import socket
 import ssl
 import subprocess
@@ -673,10 +675,23 @@ def _rendezvous(model: str) -> list[tuple] | None:
     return [("until_in_flight", int(parts[1]), 1000), *SCENARIOS["hold"]]
 
 
+#: The seeded generators of the ``noisy`` scenario, one per seed for the server's life: successive
+#: requests (and so successive runs) draw successive, independent values.
+_NOISE: dict[int, random.Random] = {}
+
+
 def _ticks(model: str) -> tuple[int, float, float, float] | None:
     """``ticks:N:GAP_MS[:TTFT_MS]`` -> (N, gap_s, ttft_s, 0.0); ``load:N:BASE_MS:SLOPE_MS[:TTFT_MS]``
-    -> (N, base_s, ttft_s, slope_s) (TTFT default BASE_MS); else None."""
+    -> (N, base_s, ttft_s, slope_s) (TTFT default BASE_MS); ``noisy:N:GAP_MS:TTFT_MS:SIGMA:SEED``
+    -> ticks whose TTFT and every gap are the medians given times a log-normal factor
+    ``exp(SIGMA * z)`` drawn for this request from the generator of SEED (a controlled jitter:
+    the verdict benchmark's ground truth); else None. A noisy spec's gaps come as a 5th entry."""
     parts = model.split(":")
+    if parts[0] == "noisy" and len(parts) == 6:
+        n, gap, ttft, sigma = int(parts[1]), float(parts[2]), float(parts[3]), float(parts[4])
+        rng = _NOISE.setdefault(int(parts[5]), random.Random(int(parts[5])))
+        gaps = tuple(gap / 1000.0 * math.exp(sigma * rng.gauss(0, 1)) for _ in range(n))
+        return n, 0.0, ttft / 1000.0 * math.exp(sigma * rng.gauss(0, 1)), 0.0, gaps  # type: ignore[return-value]
     if parts[0] == "ticks" and len(parts) in (3, 4):
         n, gap = int(parts[1]), float(parts[2])
         return n, gap / 1000.0, (float(parts[3]) if len(parts) == 4 else gap) / 1000.0, 0.0
@@ -719,7 +734,8 @@ async def _stream_ticks(
     """Play a ticks scenario on absolute deadlines; append each text chunk's send stamp. With a
     slope (``load``), each gap is base + slope * (requests in flight - 1), read when the gap
     starts."""
-    n, gap_s, ttft_s, slope_s = spec
+    n, gap_s, ttft_s, slope_s = spec[:4]
+    gaps = spec[4] if len(spec) > 4 else None  # the noisy scenario's drawn gaps
     role, texts = _TICK_BYTES[api]
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -738,7 +754,9 @@ async def _stream_ticks(
     perf = time.perf_counter_ns
     due = start + ttft_s
     for i in range(n):
-        if i:
+        if i and gaps is not None:
+            due += gaps[i]
+        elif i:
             due += gap_s + (slope_s * (state.in_flight - 1) if slope_s and state is not None else 0.0)
         delay = due - loop.time()
         if delay > 0:

@@ -1,6 +1,11 @@
 """Confidence intervals of a level's figures: how sure a percentile or a mean from N requests is.
 
-:func:`bootstrap_interval` is the percentile bootstrap (Efron 1979; Efron & Tibshirani, *An
+:func:`figure_intervals` gives a level's (and a profile point's) figures their
+``_ci_low`` / ``_ci_high`` from its samples (:mod:`tasks.stats.samples`), resampled by
+:mod:`tasks.stats.resample` (requests within repeats, repeats too when there are several);
+:func:`bootstrap_interval` is the same for a plain list of values.
+
+The interval is the percentile bootstrap (Efron 1979; Efron & Tibshirani, *An
 Introduction to the Bootstrap*, 1993, ch. 13): draw the samples with replacement ``resamples``
 times, compute the statistic on each draw, and take the ``(1 - confidence) / 2`` and
 ``(1 + confidence) / 2`` quantiles of those statistics. It needs no assumption on the shape of
@@ -19,10 +24,14 @@ Hyndman & Fan type 7, as :func:`tasks.stats.percentile`).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+
+from tasks.stats.resample import STREAM_LATENCIES, Estimator, Pool, estimator, relative_draws
+from tasks.stats.samples import Unit
 
 #: Bootstrap draws per interval: the Monte Carlo error of a 95 % interval's ends is then about
 #: 1-2 % of the interval's width (Efron & Tibshirani 1993, sec. 19.3: 1,000 or more for
@@ -55,16 +64,6 @@ class Interval:
         return (self.high - self.low) / 2
 
 
-def _statistic(stat: str):
-    """``"mean"`` or ``"pNN"`` -> a function of a 2-D array (one draw per row) -> 1-D."""
-    if stat == "mean":
-        return lambda draws: draws.mean(axis=-1)
-    if stat.startswith("p") and stat[1:].replace(".", "", 1).isdigit() and 0 <= float(stat[1:]) <= 100:
-        q = float(stat[1:]) / 100
-        return lambda draws: np.quantile(draws, q, axis=-1, method="linear")
-    raise ValueError(f"stat must be 'mean' or 'pNN' (0 <= NN <= 100), got {stat!r}")
-
-
 def bootstrap_interval(
     values: Iterable[float | None],
     stat: str,
@@ -74,31 +73,35 @@ def bootstrap_interval(
     seed: int = 0,
 ) -> Interval | None:
     """The percentile-bootstrap interval of ``stat`` (``"mean"``, ``"p50"``, ``"p99"`` ...) of
-    ``values`` (None and NaN dropped), or None with fewer than 2 values.
-
-    Memory: ``resamples x len(values)`` float64 (1,000 x 10,000 requests = 80 MB); larger
-    samples are drawn in blocks of resamples.
+    ``values`` (None and NaN dropped; each value its own cluster), or None with fewer than 2.
 
     Raises:
         ValueError: an unknown ``stat``, ``confidence`` outside (0, 1), ``resamples`` < 100.
     """
+    if not (stat == "mean" or re.fullmatch(r"p\d+(\.\d+)?", stat) and float(stat[1:]) <= 100):
+        raise ValueError(f"stat must be 'mean' or 'pNN' (0 <= NN <= 100), got {stat!r}")
+    data = tuple((float(v),) for v in values if v is not None and not math.isnan(v))
+    return _interval([Unit({"x": data})], Estimator("", "x", stat), confidence, resamples, seed)
+
+
+def _interval(
+    units: Sequence[Unit], est: Estimator, confidence: float, resamples: int, seed: int
+) -> Interval | None:
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if resamples < 100:
         raise ValueError(f"resamples must be >= 100, got {resamples!r}")
-    of = _statistic(stat)
-    data = np.array([v for v in values if v is not None and not math.isnan(v)], dtype=np.float64)
-    if data.size < 2:
+    pool = Pool(units, [est.family] + ([est.per] if est.per else []))
+    count = int(pool.values[est.family][0].size)
+    if count < 2 or sum(pool.sizes) < 2:
         return None
-    rng = np.random.default_rng(seed)
-    block = max(1, min(resamples, 10_000_000 // data.size))  # about 80 MB per block at most
-    stats = np.concatenate(
-        [of(data[rng.integers(0, data.size, size=(min(block, resamples - done), data.size))])
-         for done in range(0, resamples, block)]
-    )  # fmt: skip
+    whole = float(pool.statistic(est, np.ones((1, sum(pool.sizes)), dtype=np.int64))[0])
+    draws = relative_draws(units, est, resamples, np.random.default_rng(seed))
+    if draws is None:
+        return None
     tail = (1 - confidence) / 2
-    low, high = np.quantile(stats, [tail, 1 - tail], method="linear")
-    return Interval(float(of(data[np.newaxis, :])[0]), float(low), float(high), confidence, int(data.size))
+    low, high = np.nanquantile(draws * whole, [tail, 1 - tail])
+    return Interval(whole, float(low), float(high), confidence, count)
 
 
 def enough_for(stat: str, count: int, min_beyond: int = 5) -> bool:
@@ -111,3 +114,37 @@ def enough_for(stat: str, count: int, min_beyond: int = 5) -> bool:
         return count >= 2
     q = float(stat[1:]) / 100
     return count * min(q, 1 - q) >= min_beyond
+
+
+#: The level figures that get an interval (``<figure>_ci_low`` / ``_ci_high``): the means and
+#: percentiles of the four request latencies.
+LEVEL_INTERVAL_FIGURES = tuple(f"{m}_{s}" for m in STREAM_LATENCIES for s in ("mean", "p50", "p90", "p99"))
+
+
+def figure_interval(
+    units: Sequence[Unit],
+    figure: str,
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> Interval | None:
+    """The interval of ``figure`` (``ttft_ms_p50``, ``prefill_ms`` ...) from its units' samples
+    (:mod:`tasks.stats.resample`: two-level over several units, a request's ITL gaps together);
+    None without an estimator or with fewer than 2 samples. ``count``: the values it rests on.
+
+    Raises:
+        ValueError: ``confidence`` outside (0, 1), ``resamples`` < 100.
+    """
+    est = estimator(figure)
+    return None if est is None else _interval(units, est, confidence, resamples, seed)
+
+
+def figure_intervals(units: Sequence[Unit], figures: Iterable[str], **kwargs) -> dict[str, float | None]:
+    """``{f"{figure}_ci_low": ..., f"{figure}_ci_high": ...}`` for each figure (None: no interval)."""
+    out: dict[str, float | None] = {}
+    for figure in figures:
+        interval = figure_interval(units, figure, **kwargs)
+        out[f"{figure}_ci_low"] = None if interval is None else interval.low
+        out[f"{figure}_ci_high"] = None if interval is None else interval.high
+    return out

@@ -1,0 +1,159 @@
+"""Benchmark: how often does the regression verdict cry wolf, and how often does it miss?
+
+Drives the ground-truth instrument (tests/groundtruth_server.py) with a controlled, seeded jitter
+(``noisy`` scenario: each request's TTFT and every ITL gap are their medians times a log-normal
+factor ``exp(sigma * z)``) and a known injected change (TTFT and ITL both scaled), through the
+command a user runs, ``infermeter stream`` (Prefect flow, client process, everything), at the
+default audit's request count (50 requests a level, ``configs/default.yaml``). Each of the
+command's levels is one independent "audit" (a fresh client process and warm-up; the
+instrument's draws continue from one level to the next, so no two levels share a value).
+
+Then, per trial, the audit's own verdict function (``tasks.report.regression.verdict``, on the
+stream headline's default thresholds) judges a current level against a baseline of 1 level and
+of 5, by two rules:
+
+- ``legacy``: today's rule before issue 21 (the median of the baseline runs, their min..max as
+  noise, the signed thresholds);
+- ``test``: the samples' rule (two-level bootstrap intervals, four classes, Holm).
+
+It prints per case and rule how often a trial was judged *regressed* (any metric) and
+*improved* (any metric):
+
+- no change: false alarms (regressed) and false improvements;
+- +2x threshold (TTFT and ITL +30 %): detection; +0.5x (+7.5 %): judged regressed (should not);
+- -2x / -0.5x: the same for improvements (TTFT and ITL x0.7 / x0.925).
+
+Goals (issue 21): false alarms <= 5 % per audit across all metrics; detection >= 90 %;
+half-threshold changes judged regressed <= 10 %.
+
+    .venv/bin/python tests/benchmarks/verdict_error_rates.py [--trials 20] [--sigma 0.1]
+        [--requests 50] [--concurrency 10]
+
+Concurrency 10 (not the audit's 1) only makes the levels short: the instrument serves requests in
+parallel and draws each one's jitter independently, so their figures do not depend on it.
+Not collected by pytest (no test_ prefix); prints, never asserts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests"))
+
+import groundtruth_server as gt  # noqa: E402
+
+from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup  # noqa: E402
+from tasks.report.regression import verdict  # noqa: E402
+from tasks.stats.samples import stream_units  # noqa: E402
+
+INFERMETER = ROOT / ".venv" / "bin" / "infermeter"
+#: The default thresholds of the stream stage's metrics (the profile's have no stream samples).
+THRESHOLDS = {m: t for m, t in DEFAULT_THRESHOLDS_PCT.items() if lookup(m).stage == "stream"}
+#: (case name, the factor on TTFT and ITL); thresholds are 15 % on latencies.
+CASES = (
+    ("no change", 1.0),
+    ("+2x threshold (+30 %)", 1.30),
+    ("+0.5x threshold (+7.5 %)", 1.075),
+    ("-2x threshold (x0.7)", 0.70),
+    ("-0.5x threshold (x0.925)", 0.925),
+)
+
+
+def levels(server, args, factor: float, count: int, seed: int) -> list[tuple[dict, dict]]:
+    """``count`` levels of ``infermeter stream`` at this factor: (figures, samples) each."""
+    model = f"noisy:{args.tokens}:{args.gap_ms * factor:g}:{args.ttft_ms * factor:g}:{args.sigma:g}:{seed}"
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts, out = Path(tmp) / "prompts.txt", Path(tmp) / "out.json"
+        prompts.write_text("".join(f"p{i}\n" for i in range(args.requests)), encoding="utf-8")
+        command = [
+            str(INFERMETER), "stream", "--base-url", server.base_url, "--model", model,
+            "--prompts", str(prompts), "--max-tokens", str(args.tokens),
+            "--max-concurrency", ",".join([str(args.concurrency)] * count),
+            "--num-requests", str(args.requests), "--warmup", "1", "--no-track", "--json", str(out),
+        ]  # fmt: skip
+        subprocess.run(
+            command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}
+        )
+        result = json.loads(out.read_text(encoding="utf-8"))
+    runs = []
+    for level in result["levels"]:
+        figures = {m: level["metrics"].get(m) for m in THRESHOLDS}
+        runs.append((figures, {"stream": stream_units(level["requests"])}))
+    return runs
+
+
+def judged(current, baseline, rule: str, explain: bool = False) -> tuple[bool, bool]:
+    """(any metric regressed, any improved) of one trial; ``explain``: print a regressed trial's rows."""
+    figures, samples = current
+    if rule == "legacy":
+        rows = verdict(figures, [b[0] for b in baseline], THRESHOLDS)
+    else:
+        rows = verdict(figures, [b[0] for b in baseline], THRESHOLDS, samples, [b[1] for b in baseline])
+    regressed = any(r.verdict == "regressed" for r in rows)
+    if explain and regressed:
+        for r in rows:
+            ci = (
+                ""
+                if r.change_pct_ci_low is None
+                else f" [{r.change_pct_ci_low:+.1f}, {r.change_pct_ci_high:+.1f}]"
+            )
+            change = "n/a" if r.change_pct is None else f"{r.change_pct:+.1f} %"
+            print(
+                f"  {rule} {len(baseline)}: {r.metric} {r.baseline} -> {r.current} {change}{ci} {r.verdict}"
+            )
+    return regressed, any(r.verdict == "improved" for r in rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--trials", type=int, default=20)
+    parser.add_argument("--sigma", type=float, default=0.1, help="log-normal jitter of TTFT and each gap")
+    parser.add_argument("--requests", type=int, default=50, help="per level (the default audit's)")
+    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--gap-ms", type=float, default=8.0)
+    parser.add_argument("--ttft-ms", type=float, default=40.0)
+    parser.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
+    parser.add_argument("--explain", action="store_true", help="print each alarm's metrics")
+    args = parser.parse_args()
+    cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)
+    started = time.monotonic()
+    with gt.serve() as server:
+        # baselines: per trial 5 fresh no-change levels (the 1-run baseline is the first of them)
+        pool = levels(server, args, 1.0, 5 * args.trials, seed=1)
+        baselines = [pool[5 * t : 5 * t + 5] for t in range(args.trials)]
+        current = {
+            name: levels(server, args, factor, args.trials, seed=2 + i)
+            for i, (name, factor) in enumerate(CASES)
+        }
+    measured_s = time.monotonic() - started
+    print(
+        f"verdict error rates: {args.trials} trials per case, {args.requests} requests a level, jitter "
+        f"sigma {args.sigma:g} (TTFT {args.ttft_ms:g} ms, {args.tokens} tokens {args.gap_ms:g} ms apart), "
+        f"thresholds {THRESHOLDS}"
+    )
+    print(f"{'case':<28} {'rule':<7} {'baseline':>8} {'regressed':>10} {'improved':>9}")
+    for name, _ in cases:
+        for rule in ("legacy", "test"):
+            for size in (1, 5):
+                outcomes = [
+                    judged(cur, base[:size], rule, args.explain)
+                    for cur, base in zip(current[name], baselines)
+                ]
+                regressed = sum(r for r, _ in outcomes) / len(outcomes)
+                improved = sum(i for _, i in outcomes) / len(outcomes)
+                print(f"{name:<28} {rule:<7} {size:>5} run {regressed:>9.0%} {improved:>9.0%}")
+    print(f"measured in {measured_s:.0f} s, judged in {time.monotonic() - started - measured_s:.0f} s")
+
+
+if __name__ == "__main__":
+    main()

@@ -112,7 +112,13 @@ def expected_cached_token_fraction(
     A request's leading blocks already seen count as cached, up to the first block not seen: a
     prefix cache reuses a prefix, never a block after one it missed. None for no prompt token.
     """
-    seen = set() if seen is None else seen
+    cached, total = expected_cached_tokens(requests, set() if seen is None else seen)
+    return cached / total if total else None
+
+
+def expected_cached_tokens(requests: Iterable[Sequence[tuple[str, int]]], seen: set[str]) -> tuple[int, int]:
+    """(cached, all) prompt tokens of :func:`expected_cached_token_fraction`; ``seen`` updated
+    in place (for a share over several runs, each starting from its own cache)."""
     cached = total = 0
     for blocks in requests:
         leading = True
@@ -122,7 +128,7 @@ def expected_cached_token_fraction(
             if leading:
                 cached += tokens
         seen.update(key for key, _ in blocks)
-    return cached / total if total else None
+    return cached, total
 
 
 def level_figures(

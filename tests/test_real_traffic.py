@@ -276,3 +276,38 @@ def test_conversations_are_refused_where_their_rate_would_mean_two_things(server
         capture_output=True, text=True, env={**os.environ, "INFERMETER_WORK_DIR": str(tmp_path)},
     )  # fmt: skip
     assert done.returncode == 2 and "chat template" in done.stderr and "(2048)" in done.stderr, done.stderr
+
+
+def test_repeats_rerun_the_level_afresh_and_report_their_spread(server, tmp_path) -> None:
+    """--repeats 3: the level runs three times, each a fresh start (its own warm-up, cache reset
+    and scrapes around its measured requests); the figures pool the 12 measured records, whose
+    ids stay unique, and each repeat aggregated alone gives the spread. --repeats 0: exit 2."""
+    from tasks.metrics import is_registered
+
+    done, _ = stream(server, tmp_path, "--model", "ticks:3:5:20", "--repeats", "0")
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert done.returncode == 2 and len(lines) == 1 and "--repeats" in lines[0], done.stderr
+    server.reset()
+    done, result = stream(
+        server, tmp_path, "--model", "ticks:3:5:20", "--repeats", "3", "--num-requests", "4",
+        "--warmup", "1", "--max-concurrency", "2", "--input-len", "8",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    (level,) = result["levels"]
+    records, m = level["requests"], level["metrics"]
+    measured = [r for r in records if not r["warmup"]]
+    assert [r["repeat"] for r in records if r["warmup"]] == [0, 1, 2]  # a warm-up per repeat
+    assert sorted(r["repeat"] for r in measured) == [0] * 4 + [1] * 4 + [2] * 4
+    assert len({r["request_id"] for r in records}) == len(records) == 15
+    assert {r["request_id"].split("-")[1] for r in records} == {"k0", "k1", "k2"}
+    assert m["num_repeats"] == 3 and m["num_requests"] == 12 and m["num_errors"] == 0
+    p50s = [percentile(sorted(r["ttft_ms"] for r in measured if r["repeat"] == k), 50) for k in range(3)]
+    assert (m["ttft_ms_p50_repeat_min"], m["ttft_ms_p50_repeat_max"]) == (min(p50s), max(p50s))
+    assert m["ttft_ms_p50_repeat_min"] <= m["ttft_ms_p50"] <= m["ttft_ms_p50_repeat_max"]
+    assert m["output_tokens_per_s_repeat_min"] <= m["output_tokens_per_s_repeat_max"]
+    # the scrapes went around each repeat's measured requests: the later warm-ups not counted
+    assert m["server_gt_requests_total_delta"] == 12
+    # each repeat after its own reset: the same prompts again expect nothing from the cache
+    assert m["prefix_cache_reset"] == 1 and m["expected_cached_token_fraction"] == 0.0
+    assert not [k for k, v in m.items() if isinstance(v, (int, float)) and not is_registered(k)]
+    assert "repeats" in done.stdout

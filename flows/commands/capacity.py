@@ -31,6 +31,7 @@ from flows.commands.workload import (
     PrefixGroupsOption,
     PrefixLenOption,
     PrefixPopularityOption,
+    RepeatsOption,
     SaltOption,
     check_dataset,
     workload_overrides,
@@ -67,6 +68,7 @@ def command(
     api: Annotated[Optional[str], typer.Option(help="chat (default) or completions.")] = None,
     num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
     warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level.")] = None,
+    repeats: RepeatsOption = None,
     max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request.")] = None,
     input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many tokens.")] = None,
     output_len: Annotated[
@@ -114,6 +116,7 @@ def command(
             "api": api,
             "num_requests": num_requests,
             "warmup": warmup,
+            "repeats": repeats,
             "max_tokens": max_tokens,
             "input_len": input_len,
             "output_len": output_len,

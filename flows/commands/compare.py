@@ -15,7 +15,7 @@ from rich.table import Table
 
 from flows.commands.common import fail_input, output_path, parse_list, preflight, write_json
 from flows.commands.tables import console, fmt_value, make_table
-from tasks.report.compare import comparison_frame, markdown_table, plot_metric
+from tasks.report.compare import EXTRA_COLUMNS, comparison_frame, markdown_table, plot_metric
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
 
@@ -98,6 +98,10 @@ def command(
     console.print(_transposed(frame))
 
 
+def _at(frame, column: str, row: int):
+    return frame[column][row] if column in frame.columns else None
+
+
 def _transposed(frame) -> Table:
     """Metrics as rows, runs as columns: reads in a terminal however many metrics there are.
     A metric whose every value is whole (bytes, counts) is written as an integer, others to
@@ -109,7 +113,7 @@ def _transposed(frame) -> Table:
         + [(f"{name or ''}\n{run_id[:8]}", "right") for name, run_id in zip(frame["name"], frame["run_id"])],
     )
     for column in frame.columns:
-        if column in ("run_id", "name") or column.endswith("_change_pct"):
+        if column in ("run_id", "name") or column.endswith(("_change_pct", *EXTRA_COLUMNS)):
             continue
         values = frame[column].to_list()
         whole = all(v is None or float(v).is_integer() for v in values if isinstance(v, float))
@@ -118,8 +122,13 @@ def _transposed(frame) -> Table:
             if isinstance(value, float):
                 change = frame[f"{column}_change_pct"][i] if f"{column}_change_pct" in frame.columns else None
                 cell = f"{value:,.0f}" if whole else fmt_value(value, ",.3f")
+                low, high = (_at(frame, f"{column}_{end}", i) for end in ("ci_low", "ci_high"))
+                if low is not None and high is not None:  # the run's own 95 % interval
+                    cell += f"\n± {fmt_value((high - low) / 2, ',.3f')}"
                 if i > 0 and change is not None:
                     cell += f"\n({change:+.1f} %)"
+                if _at(frame, f"{column}_verdict", i):  # the class its audit's verdict gave it
+                    cell += f"\n{_at(frame, f'{column}_verdict', i)}"
             else:
                 cell = "" if value is None else str(value)[:20]
             cells.append(cell)

@@ -36,6 +36,7 @@ from flows.commands.workload import (
     PrefixGroupsOption,
     PrefixLenOption,
     PrefixPopularityOption,
+    RepeatsOption,
     SaltOption,
     ThinkTimeDistOption,
     ThinkTimeOption,
@@ -150,6 +151,7 @@ def command(
     warmup: Annotated[
         Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")
     ] = None,
+    repeats: RepeatsOption = None,
     goodput: Annotated[Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50.")] = None,
     input_len: Annotated[
         Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")
@@ -223,6 +225,7 @@ def command(
             "seed": seed,
             "num_requests": num_requests,
             "warmup": warmup,
+            "repeats": repeats,
             "goodput": parse_slos(goodput),
             "input_len": input_len,
             "output_len": output_len,
@@ -306,6 +309,19 @@ def print_levels(levels: list[dict]) -> None:
             bound,
         )
     console.print(table)
+    repeated = [  # --repeats N > 1: the spread between the runs, beside the pooled figures above
+        f"conc {lv['max_concurrency']} rate {rate_label(lv['request_rate'])}: "
+        f"{fmt_value(m['ttft_ms_p50_repeat_min'])}-{fmt_value(m['ttft_ms_p50_repeat_max'])}"
+        for lv in levels
+        if (m := lv["metrics"]).get("num_repeats")
+    ]
+    if repeated:
+        runs = levels[0]["metrics"].get("num_repeats")
+        console.print(
+            f"repeats: TTFT p50 of each of the {runs} runs alone, least-greatest (ms): "
+            + "; ".join(repeated),
+            highlight=False,
+        )
     print_turns(levels)
 
 

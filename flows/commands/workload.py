@@ -1,5 +1,5 @@
 """The workload flags shared by `stream` and `capacity` (shared prefixes, conversations, the
-prefix cache's isolation) and their checks before any request: a bad file exits 2 with one
+prefix cache's isolation, repeated levels) and their checks before any request: a bad file exits 2 with one
 line naming the file and the first bad row."""
 
 from __future__ import annotations
@@ -41,6 +41,13 @@ ThinkTimeDistOption = Annotated[
 ]
 KeepCacheOption = Annotated[
     bool, typer.Option("--keep-cache", help="Keep the server's prefix cache between levels (no reset).")
+]
+RepeatsOption = Annotated[
+    Optional[int],
+    typer.Option(
+        help="Run each level N times in a row, each a fresh start (own warm-up, cache reset); "
+        "figures pooled, the repeats' spread beside them."
+    ),
 ]
 SaltOption = Annotated[
     Optional[int], typer.Option(help="Salt of the random prompt tokens (default: drawn per run).")

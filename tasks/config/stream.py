@@ -30,6 +30,12 @@ class StreamConfig(_Strict):
     )
     num_requests: int = Field(8, ge=1, description="Measured requests per level.")
     warmup: int = Field(1, ge=0, description="Warm-up requests before each level (excluded).")
+    repeats: int = Field(
+        1,
+        ge=1,
+        description="Run each level this many times in a row, each a fresh start (its own warm-up "
+        "and prefix-cache reset); figures pooled, the repeats' spread beside them.",
+    )
     temperature: float = Field(0.0, ge=0, description="Sampling temperature for load requests.")
     goodput: dict[str, float] = Field(
         default_factory=dict,

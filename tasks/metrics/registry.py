@@ -227,6 +227,12 @@ REGISTRY: tuple[Metric, ...] = (
         "stream",
         "usage cached_tokens / usage prompt_tokens of the level's successes.",
     ),
+    # repeats (StreamConfig.repeats > 1, tasks.stream.levels): the figures pool them; each one's range
+    Metric("num_repeats", "count", "stream", "Runs of the level in a row, each a fresh start."),
+    *(
+        Metric(f"{m}_repeat", "as the figure", "stream", f"{m} of each repeat alone.", None, ("min", "max"))
+        for m in "ttft_ms_p50 ttft_ms_p99 itl_ms_p50 tpot_ms_mean e2e_ms_p50 output_tokens_per_s".split()
+    ),
     # conversations (tasks.stats.by_turn): one figure per turn index
     Metric("num_sessions", "count", "stream", "Conversations of the level (multi-turn workloads)."),
     Metric("num_requests_turn<turn>", "count", "stream", "Turns sent at this turn index."),
@@ -407,3 +413,6 @@ REGISTRY: tuple[Metric, ...] = (
     # the sampler's view (issue 12, tasks/sweep/distribution.py): per decode step, one series each
     Metric("next_token_entropy_bits_t<temperature>", "bits", "sweep", "Next-token entropy at a temperature."),
 )
+
+#: The figures whose range over a level's repeats is logged (``<figure>_repeat_min`` / ``_max``).
+REPEAT_SPREAD = tuple(m.name.removesuffix("_repeat") for m in REGISTRY if m.name.endswith("_repeat"))

@@ -134,4 +134,7 @@ def level_wall_ms(level: Level) -> tuple[int | None, int | None]:
     measured = [r.send_ns for r in level.records if r.send_ns and not r.warmup] or sends
     start_ms = min(sends) / 1e6 + offset_ms
     end_ms = min(measured) / 1e6 + level.wall_s * 1000 + offset_ms
+    if level.settings.repeats > 1:  # wall_s sums the repeats: the pauses between them left out
+        end_ms = max(r.send_ns / 1e6 + (r.stream_close_ms or 0.0) for r in level.records if r.send_ns)
+        end_ms += offset_ms
     return int(start_ms), int(max(end_ms, start_ms))

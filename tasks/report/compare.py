@@ -19,11 +19,17 @@ from tasks.metrics import COMPARE_DEFAULT_METRICS
 DEFAULT_METRICS = COMPARE_DEFAULT_METRICS
 #: Tags shown beside the metrics: what makes two runs different.
 CONTEXT_TAGS = ("model", "endpoint_kind", "endpoint_model", "git_commit", "host")
+#: A metric's interval ends, logged beside it (``tasks.stats.interval``).
+_ENDS = ("ci_low", "ci_high")
+#: The columns that go with a metric (dropped when no run has them).
+EXTRA_COLUMNS = ("_ci_low", "_ci_high", "_verdict")
 
 
 def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None) -> pl.DataFrame:
     """One row per run: run_id, name, start (UTC), context tags, metrics, and for each metric
-    ``<metric>_change_pct`` = (value - first run's value) / first run's value x 100.
+    ``<metric>_change_pct`` = (value - first run's value) / first run's value x 100; where a run
+    logged them, its interval ``<metric>_ci_low`` / ``_ci_high`` and the class its audit's
+    verdict gave the metric, ``<metric>_verdict`` (tag ``verdict.<metric>``).
 
     ``metrics`` None: the default headline metrics that at least one run has.
 
@@ -47,11 +53,18 @@ def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None)
         }
         row.update({tag: run["tags"].get(tag) for tag in CONTEXT_TAGS})
         row.update({m: run["metrics"].get(m) for m in metrics})
+        row.update({f"{m}_{end}": run["metrics"].get(f"{m}_{end}") for m in metrics for end in _ENDS})
+        row.update({f"{m}_verdict": run["tags"].get(f"verdict.{m}") for m in metrics})
         rows.append(row)
     schema = {"run_id": pl.String, "name": pl.String, "start_utc": pl.String}
     schema.update({tag: pl.String for tag in CONTEXT_TAGS})
     schema.update({m: pl.Float64 for m in metrics})
+    schema.update({f"{m}_{end}": pl.Float64 for m in metrics for end in _ENDS})
+    schema.update({f"{m}_verdict": pl.String for m in metrics})
     frame = pl.DataFrame(rows, schema=schema)
+    frame = frame.drop(
+        [c for c in frame.columns if c.endswith(EXTRA_COLUMNS) and frame[c].null_count() == len(frame)]
+    )
     changes = []
     for m in metrics:
         first = frame[m][0]

@@ -9,6 +9,12 @@ own view and the client/server cross-check, and the short outputs are counted. T
 go to the logger passed in: the client and the server disagree on TTFT/E2E, ``ignore_eos`` was
 sent but outputs came back short, and the level is client-bound.
 
+A level of ``repeats`` > 1 (``StreamConfig.repeats``) is run that many times in a row, each a
+fresh start (its own warm-up, prefix-cache reset and scrapes); its figures are over every
+repeat's measured records pooled (wall times summed), and the spread between the repeats sits
+beside them (``<figure>_repeat_min`` / ``_max``): runs on a shared machine vary more than the
+requests within one run.
+
 A finished level is a :class:`Level` (settings, metrics, records); ``to_dict()`` is the
 stage's JSON entry. Tracking (child runs, plots) is the caller's, through ``on_level``.
 
@@ -19,13 +25,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from tasks import cache, stats
+from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stream import prometheus, quality
 from tasks.stream.load import LevelResult
-from tasks.stream.multiproc import auto_processes, run_level_processes
+from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
@@ -41,9 +48,13 @@ class Level:
         metrics: flat figures: ``tasks.stats.aggregate_level``'s (``ttft_ms_p50`` ...), the
             client's loop lag (``client_loop_lag_ms_p99``, ``client_bound``, and
             ``client_processes`` over several processes), the server's ``server_*`` view and
-            cross-check where it has ``/metrics``, and ``num_short_outputs``.
-        records: every request, warm-up first (flagged), then the measured ones by send time.
-        wall_s: first measured send to last measured completion (s).
+            cross-check where it has ``/metrics``, and ``num_short_outputs``; repeated, over
+            every repeat's records pooled, with ``num_repeats`` and each repeat's range of
+            the figures of ``tasks.metrics.registry.REPEAT_SPREAD`` (``ttft_ms_p50_repeat_min``).
+        records: every request, warm-up first (flagged), then the measured ones by send time
+            (repeated, ``settings.repeats > 1``: so each repeat in turn, ``repeat`` set).
+        wall_s: first measured send to last measured completion (s); repeated: the repeats'
+            summed (the throughput figures' denominator).
     """
 
     settings: LevelSettings
@@ -145,35 +156,45 @@ def _run_one(
     logger: logging.Logger | logging.LoggerAdapter,
     cached: _CacheState,
 ) -> Level:
-    """One level of :func:`run_levels`: reset the prefix cache, scrape, run, scrape, aggregate
-    and check."""
-    scrapes: dict[str, dict[str, float] | None] = {}
+    """One level of :func:`run_levels`: per repeat, reset the prefix cache, scrape, run, scrape;
+    then aggregate the repeats pooled, and check."""
     refused: list[str] = []
-
-    def scrape_before() -> None:  # after the warm-up, nothing in flight
-        if settings.reset_cache:
-            why = cache.reset_prefix_cache(connection.base_url, connection.api_key)
-            if why is not None:
-                refused.append(why)
-        scrapes["before"] = prometheus.scrape(connection.base_url, connection.api_key)
-
     # always in client processes, one at the least: the measuring loop gets a process with
     # nothing else on its GIL (measured, README "Stream": in the flow's own process the
     # user-clock ITL error p99 at 64 streams was twice the bare client's)
     asked = client_processes or auto_processes(settings.max_concurrency)
-    result = run_level_processes(
-        max(1, min(asked, settings.max_concurrency)),
-        connection,
-        settings,
-        count_tokens=count_tokens,
-        on_record=on_record,
-        on_measure_start=scrape_before,
-    )
-    before = scrapes.get("before")
-    after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
+    processes = max(1, min(asked, settings.max_concurrency))
+    results: list[LevelResult] = []
+    pairs: list[tuple[dict[str, float] | None, dict[str, float] | None]] = []
+    befores: dict[int, dict[str, float] | None] = {}  # repeat -> the scrape before its measured part
+
+    def scrape_before() -> None:  # after the repeat's warm-up, nothing in flight
+        if settings.reset_cache:
+            why = cache.reset_prefix_cache(connection.base_url, connection.api_key)
+            if why is not None:
+                refused.append(why)
+        befores[len(results)] = prometheus.scrape(connection.base_url, connection.api_key)
+
+    for repeat in range(settings.repeats):  # each a fresh start: its own warm-up, reset, scrapes
+        results.append(
+            run_level_processes(
+                processes,
+                connection,
+                replace(settings, repeat=repeat),
+                count_tokens=count_tokens,
+                on_record=on_record,
+                on_measure_start=scrape_before,
+            )
+        )
+        before = befores.get(repeat)
+        pairs.append((before, prometheus.scrape(connection.base_url, connection.api_key) if before else None))
+    result = _pooled(results, settings)
+    before, after = prometheus.combine(pairs)
     metrics = _level_metrics(result, before, after, settings, goodput, logger)
+    if settings.repeats > 1:
+        metrics.update(_repeat_spread(results, goodput))
     reset = settings.reset_cache and not refused
-    metrics.update(cached.level(result, settings, reset))
+    metrics.update(cached.level(results, settings, reset))
     if settings.reset_cache and refused and not cached.said_no_reset:
         cached.said_no_reset = True
         logger.warning(
@@ -185,6 +206,50 @@ def _run_one(
     return Level(settings, metrics, tuple(result.records), result.wall_s)
 
 
+def _pooled(results: Sequence[LevelResult], settings: LevelSettings) -> LevelResult:
+    """A level's repeats as one result: their records in order (each repeat's warm-up, then its
+    measured requests), wall times summed, the client's figures over every repeat's records
+    (the worst repeat's loop lag, CPU summed, the largest clock drift; the achieved rate over
+    each repeat's own sends, not the pauses between them). One repeat: its result."""
+    if len(results) == 1:
+        return results[0]
+    out = LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
+    out.records = [r for result in results for r in result.records]
+    out.wall_s = sum(result.wall_s for result in results)
+    out.last_done_ns = results[-1].last_done_ns
+    out.lag = merge_lags([result.lag for result in results])
+    cpu = [result.cpu_s for result in results if result.cpu_s is not None]
+    out.cpu_s = sum(cpu) if cpu else None
+    drifts = [result.offset_drift_ns for result in results if result.offset_drift_ns is not None]
+    out.offset_drift_ns = max(drifts, key=abs) if drifts else None
+    figures = quality.client_figures(
+        out.measured,
+        out.lag,
+        lag_tolerance_ms=settings.lag_tolerance_ms,
+        coalesced_tolerance=settings.coalesced_tolerance,
+        cpu_s=out.cpu_s,
+        offset_drift_ns=out.offset_drift_ns,
+    )
+    sends = [sorted(r.send_ns for r in result.measured if r.send_ns) for result in results]
+    span_s = sum((s[-1] - s[0]) / 1e9 for s in sends if len(s) > 1)
+    figures["achieved_request_rate"] = sum(max(len(s) - 1, 0) for s in sends) / span_s if span_s else None
+    out.client = {**figures, "client_processes": results[0].client.get("client_processes")}
+    return out
+
+
+def _repeat_spread(results: Sequence[LevelResult], goodput: Mapping[str, float] | None) -> dict[str, Any]:
+    """``num_repeats`` and, for each figure of ``tasks.metrics.registry.REPEAT_SPREAD``, its
+    least and greatest value over the repeats, each aggregated alone
+    (``<figure>_repeat_min`` / ``_max``; None where no repeat had the figure)."""
+    each = [stats.aggregate_level(result.records, result.wall_s, goodput) for result in results]
+    out: dict[str, Any] = {"num_repeats": len(results)}
+    for name in REPEAT_SPREAD:
+        values = [figures[name] for figures in each if figures.get(name) is not None]
+        out[f"{name}_repeat_min"] = min(values) if values else None
+        out[f"{name}_repeat_max"] = max(values) if values else None
+    return out
+
+
 class _CacheState:
     """The blocks a perfect prefix cache holds during a run of levels (for each level's expected
     share, ``tasks.cache.expected_cached_token_fraction``), and whether the missing reset was
@@ -194,24 +259,30 @@ class _CacheState:
         self.seen: set[str] = set()
         self.said_no_reset = False
 
-    def level(self, result: LevelResult, settings: LevelSettings, reset: bool) -> dict[str, Any]:
+    def level(self, results: Sequence[LevelResult], settings: LevelSettings, reset: bool) -> dict[str, Any]:
         """``prefix_cache_reset`` (1 reset before the measured requests, 0 asked but refused,
         None not asked) and ``expected_cached_token_fraction`` of the level's measured requests
-        in send order (None without the workload's blocks)."""
+        in send order, over its repeats (each after its own warm-up and reset; None without the
+        workload's blocks)."""
         blocks = settings.prompt_blocks
         out: dict[str, Any] = {"prefix_cache_reset": int(reset) if settings.reset_cache else None}
         if not blocks:
             return out | {"expected_cached_token_fraction": None}
-        for r in result.records:  # the warm-up went first: in the cache unless it was reset
-            if r.warmup:
-                self.seen.update(key for key, _ in blocks[settings.prompt_index(r.request_id) % len(blocks)])
-        if reset:
-            self.seen.clear()
-        order = sorted(result.measured, key=lambda r: r.send_ns)
-        expected = cache.expected_cached_token_fraction(
-            (blocks[settings.prompt_index(r.request_id) % len(blocks)] for r in order), self.seen
-        )
-        return out | {"expected_cached_token_fraction": expected}
+        cached = total = 0
+        for result in results:
+            for r in result.records:  # the warm-up went first: in the cache unless it was reset
+                if r.warmup:
+                    self.seen.update(
+                        key for key, _ in blocks[settings.prompt_index(r.request_id) % len(blocks)]
+                    )
+            if reset:
+                self.seen.clear()
+            order = sorted(result.measured, key=lambda r: r.send_ns)
+            hit, seen = cache.expected_cached_tokens(
+                (blocks[settings.prompt_index(r.request_id) % len(blocks)] for r in order), self.seen
+            )
+            cached, total = cached + hit, total + seen
+        return out | {"expected_cached_token_fraction": cached / total if total else None}
 
 
 def _warn_cache(

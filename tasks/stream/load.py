@@ -116,7 +116,8 @@ async def run_level(
             places in the one arrival schedule that starts at ``start_at`` (a
             ``time.perf_counter()`` value: CLOCK_MONOTONIC, the same in every process).
 
-    Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured);
+    Request ids are ``l{level}-w{i}`` (warm-up) and ``l{level}-r{i}`` (measured), with
+    ``-k{repeat}`` after the level when it is repeated (``settings.id_prefix``);
     ``settings.sessions``: measured ``i`` is a conversation (``converse``), its turns
     ``l{level}-r{i}.{turn}``, the semaphore held by its user from the first turn to the last
     reply (think times included), a rate scheduling the first turns.
@@ -159,7 +160,7 @@ async def run_level(
     }
 
     def keep(record: RequestRecord) -> RequestRecord:
-        record.request_rate = s.request_rate
+        record.request_rate, record.repeat = s.request_rate, s.repeat
         if s.prompt_groups:
             record.prefix_group = s.prompt_groups[s.prompt_index(record.request_id) % len(s.prompt_groups)]
         if on_record is not None:
@@ -170,7 +171,7 @@ async def run_level(
         record = await stream_chat(
             client,
             prompt=s.prompts[i % len(s.prompts)],
-            request_id=f"l{s.level}-w{i}",
+            request_id=f"{s.id_prefix}-w{i}",
             warmup=True,
             input_tokens=_input_tokens(s.prompt_tokens, i),
             max_tokens=s.max_tokens_at(i),
@@ -196,7 +197,7 @@ async def run_level(
             record = await stream_chat(
                 client,
                 prompt=s.prompts[(s.warmup + i) % len(s.prompts)],
-                request_id=f"l{s.level}-r{i}",
+                request_id=f"{s.id_prefix}-r{i}",
                 input_tokens=_input_tokens(s.prompt_tokens, s.warmup + i),
                 max_tokens=s.max_tokens_at(s.warmup + i),
                 **common,
@@ -218,13 +219,13 @@ async def run_level(
             record = await stream_chat(
                 client,
                 prompt=text,
-                request_id=f"l{s.level}-r{i}.{k + 1}",
+                request_id=f"{s.id_prefix}-r{i}.{k + 1}",
                 max_tokens=session_max_tokens(session, k, s.max_tokens),
                 history=list(history),
                 **common,
             )
             done_ns.append(time.perf_counter_ns())
-            record.session_id, record.turn = f"l{s.level}-s{i}", k + 1
+            record.session_id, record.turn = f"{s.id_prefix}-s{i}", k + 1
             if scheduled and k == 0:  # a rate schedules the sessions' first turns
                 record.send_lateness_ms = (record.send_ns - (start + offsets[i]) * 1e9) / 1e6
             measured.append(keep(record))

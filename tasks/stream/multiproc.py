@@ -33,7 +33,7 @@ import os
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -59,6 +59,17 @@ def auto_processes(concurrency: int) -> int:
     per :data:`STREAMS_PER_PROCESS` streams, at most one per CPU core, at least one."""
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     return max(1, min(cores, math.ceil(concurrency / STREAMS_PER_PROCESS)))
+
+
+def merge_lags(lags: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The loop-lag figures of several loops (a level's processes, or its repeats): the worst
+    loop's (largest p99: any late loop delays its chunks), its flag set when any loop's was;
+    empty when none was measured."""
+    known = [lag for lag in lags if lag.get("client_loop_lag_ms_p99") is not None]
+    if not known:
+        return {}
+    worst = max(known, key=lambda lag: lag["client_loop_lag_ms_p99"])
+    return {**worst, "client_bound": int(any(lag.get("client_bound") for lag in known))}
 
 
 def _share_of(concurrency: int, processes: int, k: int) -> int:
@@ -221,11 +232,7 @@ def run_level_processes(
     if measured:
         result.last_done_ns = last_done_ns
         result.wall_s = (last_done_ns - min(r.send_ns for r in measured)) / 1e9
-    # the worst process's loop lag stands for the level (any late process delays its chunks)
-    known = [lag for lag in lags if lag.get("client_loop_lag_ms_p99") is not None]
-    result.lag = max(known, key=lambda lag: lag["client_loop_lag_ms_p99"]) if known else {}
-    if known:
-        result.lag = {**result.lag, "client_bound": int(any(lag.get("client_bound") for lag in known))}
+    result.lag = merge_lags(lags)
     result.cpu_s = cpu_s
     result.offset_drift_ns = max(drifts, key=abs) if drifts else None
     result.client = {

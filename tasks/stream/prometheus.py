@@ -2,7 +2,8 @@
 
 vLLM, TGI, SGLang and llama.cpp's native server (``--metrics``) expose Prometheus text at
 ``<host>/metrics`` (base_url without ``/v1``). The stream stage scrapes it just before a level's
-measured requests and just after them, and logs what changed beside the client's figures:
+measured requests and just after them (around each repeat's, summed by :func:`combine`), and
+logs what changed beside the client's figures:
 
 - ``server_<name>_delta``: the increase of every counter (``*_total``) and every histogram /
   summary ``*_count`` and ``*_sum`` (samples summed over their labels);
@@ -30,6 +31,7 @@ import math
 import re
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -164,6 +166,24 @@ def level_view(before: dict[str, float] | None, after: dict[str, float] | None) 
             if value is not None:
                 out[f"server_{_UNSAFE.sub('_', base)}_p{q}"] = value
     return out
+
+
+def combine(
+    pairs: Sequence[tuple[dict[str, float] | None, dict[str, float] | None]],
+) -> tuple[dict[str, float] | None, dict[str, float] | None]:
+    """One (before, after) pair for several runs of a level, each scraped around its own measured
+    requests (a level's repeats): ``after - before`` is the sum of the runs' increases, so
+    :func:`level_view` and the cache's counters see the measured requests alone, not the
+    warm-ups between the runs (only differences mean anything: a gauge's value here does not).
+    One pair comes back as it is; (None, None) when a scrape is missing."""
+    if len(pairs) == 1:
+        return pairs[0]
+    if not pairs or any(not before or not after for before, after in pairs):
+        return None, None
+    first = pairs[0][0]
+    names = set(first).intersection(*(set(before) & set(after) for before, after in pairs))
+    after = {n: first[n] + sum(a[n] - b[n] for b, a in pairs) for n in names}
+    return {n: first[n] for n in names}, after
 
 
 def cross_check(metrics: dict[str, float]) -> dict[str, float]:

@@ -38,6 +38,7 @@ class RequestRecord:
         level: index of the load level; max_concurrency: that level's concurrency;
             request_rate: that level's request rate in requests/s (None = inf, all at once).
         warmup: a warm-up request (recorded, left out of the statistics).
+        repeat: which run of its level it belongs to (0-based; ``StreamConfig.repeats``).
         send_ns: ``time.perf_counter_ns()`` just before the request was sent (monotonic, ns).
         input_tokens: prompt tokens (the caller's count, else the server's ``usage``).
         ttft_ms: to the first chunk carrying text (content or reasoning); None if none came.
@@ -96,6 +97,7 @@ class RequestRecord:
     max_concurrency: int = 1
     request_rate: float | None = None
     warmup: bool = False
+    repeat: int = 0
     send_ns: int = 0
     input_tokens: int | None = None
     ttft_ms: float | None = None
@@ -156,6 +158,7 @@ class RequestRecord:
             "max_concurrency": self.max_concurrency,
             "request_rate": self.request_rate,
             "warmup": self.warmup,
+            "repeat": self.repeat,
             "send_ns": self.send_ns,
             "input_tokens": self.input_tokens,
             "ttft_ms": self.ttft_ms,
@@ -288,6 +291,7 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "max_concurrency": pl.Int64(),
     "request_rate": pl.Float64(),
     "warmup": pl.Boolean(),
+    "repeat": pl.Int64(),
     "send_ns": pl.Int64(),
     "input_tokens": pl.Int64(),
     "ttft_ms": pl.Float64(),

@@ -46,6 +46,9 @@ class LevelSettings:
         num_requests: measured requests; warmup: sequential warm-up requests before them.
         max_concurrency: most measured requests in flight at once (>= 1).
         level: the level's index (request ids ``l{level}-w{i}`` / ``l{level}-r{i}``).
+        repeats: times the level is run in a row, each a fresh start (its own warm-up and
+            prefix-cache reset; ``tasks.stream.levels``); repeat: which of them this is (0-based;
+            with ``repeats > 1`` the ids carry it: ``l{level}-k{repeat}-r{i}``, :attr:`id_prefix`).
         prompt_tokens: optional token count of each prompt (parallel to ``prompts``), stored
             as ``input_tokens``; None leaves it to the server's usage.
         request_rate: arrivals in requests/s (None = inf: all at once, a closed loop);
@@ -107,6 +110,8 @@ class LevelSettings:
     prompt_groups: tuple[int | None, ...] | None = None
     reset_cache: bool = False
     sessions: tuple[Session, ...] | None = None
+    repeats: int = 1
+    repeat: int = 0
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -132,6 +137,13 @@ class LevelSettings:
                 rotated[name] = values[turn:] + values[:turn]
         return replace(self, warmup=0, **rotated)
 
+    @property
+    def id_prefix(self) -> str:
+        """What request and session ids start with: ``l{level}``, or ``l{level}-k{repeat}`` when
+        the level is repeated (ids unique across its repeats; :meth:`prompt_index` reads the
+        part after the last ``-``)."""
+        return f"l{self.level}" if self.repeats == 1 else f"l{self.level}-k{self.repeat}"
+
     def max_tokens_at(self, index: int) -> int:
         """``max_tokens`` of the request on prompt ``index`` (round-robin, as the prompts)."""
         if not self.output_lens:
@@ -140,7 +152,8 @@ class LevelSettings:
 
     def prompt_index(self, request_id: str) -> int:
         """The prompt index of a request id (``l{level}-w{i}`` -> i, ``l{level}-r{i}`` and a
-        session's turn ``l{level}-r{i}.{turn}`` -> warmup + i), the inverse of
+        session's turn ``l{level}-r{i}.{turn}`` -> warmup + i; a repeat's ``l{level}-k{k}-...``
+        alike), the inverse of
         :func:`tasks.stream.load.run_level`'s numbering."""
         last = request_id.rsplit("-", 1)[1]
         number = int(last[1:].partition(".")[0])
@@ -248,5 +261,6 @@ def settings_from_config(cfg: StreamConfig, endpoint: Endpoint, workload: Any) -
         prompt_groups=workload.groups,
         reset_cache=not cfg.keep_cache,
         sessions=workload.sessions,
+        repeats=cfg.repeats,
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

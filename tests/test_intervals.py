@@ -69,3 +69,33 @@ def test_bad_arguments_name_the_field():
 def test_a_percentile_needs_samples_beyond_it():
     assert not enough_for("p99", 400) and enough_for("p99", 500) and enough_for("p50", 10)
     assert enough_for("mean", 2) and not enough_for("mean", 1)
+
+
+def test_figure_intervals_resample_requests_within_repeats_and_repeats_too():
+    """Three repeats that differ by +-20 % as a whole (within each, 60 requests of +-5 %): the
+    two-level interval of TTFT p50 is wider than one repeat's, and a request's ITL gaps move
+    together (one slow request: its gaps are drawn as one)."""
+    from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals, with_intervals
+    from tasks.stats.samples import Unit
+
+    rng = random.Random(3)
+
+    def unit(scale):
+        ttft = tuple((scale * rng.lognormvariate(math.log(50), 0.05),) for _ in range(60))
+        itl = tuple(tuple(rng.lognormvariate(math.log(10), 0.05) for _ in range(15)) for _ in range(60))
+        return Unit({"ttft_ms": ttft, "itl_ms": itl, "tpot_ms": ttft, "e2e_ms": ttft, "output_tokens": ttft})
+
+    one, three = [unit(1.0)], [unit(0.8), unit(1.0), unit(1.2)]
+    narrow = figure_intervals(one, LEVEL_INTERVAL_FIGURES)
+    wide = figure_intervals(three, ["ttft_ms_p50"])
+    assert narrow["ttft_ms_p50_ci_low"] < 50 * 1.02 and narrow["ttft_ms_p50_ci_high"] > 50 * 0.98
+    assert (wide["ttft_ms_p50_ci_high"] - wide["ttft_ms_p50_ci_low"]) > 4 * (
+        narrow["ttft_ms_p50_ci_high"] - narrow["ttft_ms_p50_ci_low"]
+    )
+    assert set(narrow) == {f"{f}_{end}" for f in LEVEL_INTERVAL_FIGURES for end in ("ci_low", "ci_high")}
+    assert figure_intervals([Unit({"ttft_ms": ((1.0,),)})], ["ttft_ms_p50", "nope_p50"]) == {
+        "ttft_ms_p50_ci_low": None, "ttft_ms_p50_ci_high": None, "nope_p50_ci_low": None, "nope_p50_ci_high": None,
+    }  # fmt: skip
+    assert with_intervals(["ttft_ms_p50", "x"], {"ttft_ms_p50": 1.0, "ttft_ms_p50_ci_low": 0.5}) == {
+        "ttft_ms_p50": 1.0, "ttft_ms_p50_ci_low": 0.5, "x": None,
+    }  # fmt: skip

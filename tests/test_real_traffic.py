@@ -311,3 +311,9 @@ def test_repeats_rerun_the_level_afresh_and_report_their_spread(server, tmp_path
     assert m["prefix_cache_reset"] == 1 and m["expected_cached_token_fraction"] == 0.0
     assert not [k for k, v in m.items() if isinstance(v, (int, float)) and not is_registered(k)]
     assert "repeats" in done.stdout
+    # each mean and percentile carries its 95 % interval (over repeats, then requests), the table
+    # shows TTFT p50's half-width
+    for name in ("ttft_ms_p50", "ttft_ms_mean", "itl_ms_p90", "tpot_ms_mean", "e2e_ms_p50"):
+        assert m[f"{name}_ci_low"] <= m[name] <= m[f"{name}_ci_high"], name
+    assert m["ttft_ms_p99_ci_low"] is not None  # computed, however few requests it rests on
+    assert f"{m['ttft_ms_p50']:.1f} ± " in done.stdout

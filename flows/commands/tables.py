@@ -40,9 +40,18 @@ def fmt_value(value: Any, spec: str | None = None, scale: float = 1.0) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
+def fmt_interval(metrics: Mapping[str, Any], name: str) -> str:
+    """``value ± half-width`` of a figure with its interval (``name_ci_low`` / ``_ci_high``,
+    ``tasks.stats.interval``), e.g. ``72.1 ± 3.4``; the value alone without one."""
+    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
+    text = fmt_value(metrics.get(name))
+    return text if low is None or high is None else f"{text} ± {fmt_value((high - low) / 2)}"
+
+
 #: A figure as the tables write it: ``1,234.5``, ``-0.03``, ``1.14e+03``, ``12 %``,
-#: ``(+12.3 %)``, ``inf``, ``n/a``. A line of a right-justified column that reads so is never cut.
-_FIGURE = re.compile(r"[(]?[-+]?(\d[\d,]*(\.\d*)?(e[-+]?\d+)?|inf|n/a)( ?%)?[)]?")
+#: ``(+12.3 %)``, ``inf``, ``n/a``, ``72.1 ± 3.4``. A line of a right-justified column that reads so is never cut.
+_NUMBER = r"[-+]?(\d[\d,]*(\.\d*)?(e[-+]?\d+)?|inf|n/a)"
+_FIGURE = re.compile(rf"[(]?{_NUMBER}( ?%)?[)]?( ± {_NUMBER})?")
 #: Text columns fold down to this many characters (fewer when their text is shorter) before
 #: columns are left out; a header word longer than this folds rather than widening its column.
 TEXT_FLOOR = 12
@@ -146,10 +155,17 @@ def make_table(
 
 
 def print_headline(title: str, headline: Mapping[str, Any]) -> None:
-    """One row per headline metric: name and value (three decimals for floats)."""
+    """One row per headline metric: name and value (three decimals for floats), ``± x`` its 95 %
+    interval's half-width where the headline carries ``_ci_low`` / ``_ci_high``."""
     table = make_table(title, (("metric", "left"), ("value", "right")))
     for key, value in headline.items():
-        table.add_row(key, fmt_value(value, ",.3f"))
+        if key.endswith(("_ci_low", "_ci_high")) and key.rpartition("_ci_")[0] in headline:
+            continue
+        low, high = headline.get(f"{key}_ci_low"), headline.get(f"{key}_ci_high")
+        text = fmt_value(value, ",.3f")
+        table.add_row(
+            key, text if low is None or high is None else f"{text} ± {fmt_value((high - low) / 2, ',.3f')}"
+        )
     console.print(table)
 
 

@@ -5,12 +5,16 @@ Add a metric here (and nowhere else); :mod:`tasks.metrics` answers every questio
 
 from __future__ import annotations
 
+from tasks.metrics.derived import LEVEL_DERIVED
 from tasks.metrics.metric import STAT_NAMES, Metric
 
 _ALL = STAT_NAMES
 _LAT, _TPUT, _MEM = "higher", "lower", "higher"  # the usual worse direction of each kind
 
 #: Every metric the project logs, grouped by stage (order = the doc table's order).
+_CI_STREAM = tuple(
+    f"{m}_{s}" for m in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms") for s in ("mean", "p50", "p90", "p99")
+)
 REGISTRY: tuple[Metric, ...] = (
     # tokenize (tasks/tokenize.py summary_metrics); only the model's own count is comparable
     Metric(
@@ -227,34 +231,7 @@ REGISTRY: tuple[Metric, ...] = (
         "stream",
         "usage cached_tokens / usage prompt_tokens of the level's successes.",
     ),
-    # repeats (StreamConfig.repeats > 1, tasks.stream.levels): the figures pool them; each one's range
-    Metric("num_repeats", "count", "stream", "Runs of the level in a row, each a fresh start."),
-    *(
-        Metric(f"{m}_repeat", "as the figure", "stream", f"{m} of each repeat alone.", None, ("min", "max"))
-        for m in "ttft_ms_p50 ttft_ms_p99 itl_ms_p50 tpot_ms_mean e2e_ms_p50 output_tokens_per_s".split()
-    ),
-    # conversations (tasks.stats.by_turn): one figure per turn index
-    Metric("num_sessions", "count", "stream", "Conversations of the level (multi-turn workloads)."),
-    Metric("num_requests_turn<turn>", "count", "stream", "Turns sent at this turn index."),
-    Metric(
-        "ttft_ms_p50_turn<turn>", "ms", "stream", "TTFT p50 of the successful turns at this index.", "higher"
-    ),
-    Metric(
-        "e2e_ms_p50_turn<turn>",
-        "ms",
-        "stream",
-        "E2E latency p50 of the successful turns at this index.",
-        "higher",
-    ),
-    Metric(
-        "input_tokens_mean_turn<turn>",
-        "tokens",
-        "stream",
-        "Mean prompt tokens at this turn (history included).",
-    ),
-    Metric(
-        "cached_tokens_mean_turn<turn>", "tokens", "stream", "Mean usage cached_tokens at this turn index."
-    ),
+    *LEVEL_DERIVED,  # repeats, intervals, turns: tasks/metrics/derived.py
     Metric(
         "recorded_request_rate",
         "requests/s",

@@ -13,6 +13,7 @@ from tasks import metrics
 from tasks.config import ProfileConfig
 from tasks.pipeline.common import STAGE, StageRun, _scalars
 from tasks.pipeline.fanout import DaskChoice, dask_runner, parse_task_runner, run_points_on_dask, worker_model
+from tasks.stats.interval import with_intervals
 from tasks.tracking import TrackingTarget, flatten_params
 
 if TYPE_CHECKING:  # torch and transformers load inside the task, not with this module
@@ -178,7 +179,7 @@ def profile_stage(
             raise ProfileSweepFailed(f"every profile point failed; first: {results[0].error}", rows)
         first = ok[0].to_dict()
         first.update(analysis_metrics(first))
-        headline = {k: first.get(k) for k in PROFILE_HEADLINE}
+        headline = with_intervals(PROFILE_HEADLINE, first)
         run.tracker.log_metrics(run.run_id, {k: v for k, v in headline.items() if v is not None})
         out = {"points": rows, "headline": headline, "failed_points": failed, "mlflow_run_id": run.run_id}
         if breakdown:

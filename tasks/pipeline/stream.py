@@ -14,6 +14,7 @@ from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.report import plots as plots_module
+from tasks.stats.interval import with_intervals
 from tasks.stream.errors import every_request_failed
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
@@ -113,7 +114,7 @@ def stream_stage(
             curves = plots_module.load_curves(levels, workdir_path / "plots")
             for path in (*curves, *plots):
                 run.tracker.log_artifact(run.run_id, path, "plots")
-        headline = {k: levels[0]["metrics"].get(k) for k in STREAM_HEADLINE}
+        headline = with_intervals(STREAM_HEADLINE, levels[0]["metrics"])
         run.tracker.log_metrics(run.run_id, headline)
         failed = every_request_failed(levels)
         if failed:  # the records are kept and returned; the run says it measured nothing

@@ -22,6 +22,8 @@ from typing import Any
 
 from tasks.profile.gpu_metrics import GPU_METRIC_KEYS
 from tasks.profile.grid import ProfilePoint
+from tasks.stats.interval import PROFILE_INTERVAL_FIGURES, figure_intervals
+from tasks.stats.samples import profile_units
 
 __all__ = ["GpuMetrics", "PointMeasurement", "ProfilePointResult"]
 
@@ -166,7 +168,9 @@ class ProfilePointResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The row: :meth:`parameters`, failed, error, memory_estimate_bytes, child_process,
-        then (a point that ran) the measurement's keys not already there, and generated_text.
+        then (a point that ran) the measurement's keys not already there, generated_text, and
+        ``prefill_ms_ci_low`` / ``_high``, ``decode_ms_p50_ci_low`` / ``_high`` (95 % percentile
+        bootstrap over the timed repeats, ``tasks.stats.interval``; None below 2 repeats).
 
         Keys the measurement shares with the parameters keep their place; the measurement's
         values win, except ``dtype``, which stays the point's (the names are the same).
@@ -182,6 +186,8 @@ class ProfilePointResult:
             row.update(self.measurement.to_dict())
             row["dtype"] = self.point.dtype
             row["generated_text"] = self.generated_text
+            # 95 % intervals over the timed repeats (and their decode steps), beside the figures
+            row.update(figure_intervals(profile_units(row), PROFILE_INTERVAL_FIGURES))
         if self.analysis is not None:  # only under --breakdown: keys "breakdown", "roofline"
             row.update(self.analysis.to_dict())
         return row

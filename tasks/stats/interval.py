@@ -25,12 +25,13 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from tasks.stats.resample import STREAM_LATENCIES, Estimator, Pool, estimator, relative_draws
+from tasks.stats.resample import STREAM_LATENCIES, Estimator, Pool, estimator
 from tasks.stats.samples import Unit
 
 #: Bootstrap draws per interval: the Monte Carlo error of a 95 % interval's ends is then about
@@ -81,27 +82,43 @@ def bootstrap_interval(
     if not (stat == "mean" or re.fullmatch(r"p\d+(\.\d+)?", stat) and float(stat[1:]) <= 100):
         raise ValueError(f"stat must be 'mean' or 'pNN' (0 <= NN <= 100), got {stat!r}")
     data = tuple((float(v),) for v in values if v is not None and not math.isnan(v))
-    return _interval([Unit({"x": data})], Estimator("", "x", stat), confidence, resamples, seed)
+    return _intervals([Unit({"x": data})], [Estimator("", "x", stat)], confidence, resamples, seed)[0]
 
 
-def _interval(
-    units: Sequence[Unit], est: Estimator, confidence: float, resamples: int, seed: int
-) -> Interval | None:
+def _intervals(
+    units: Sequence[Unit], ests: Sequence[Estimator], confidence: float, resamples: int, seed: int
+) -> list[Interval | None]:
+    """The intervals of several estimators of one family, on the same draws (module docstring).
+    Fewer draws for very large samples: ``resamples x values <= 1e8`` (200 at the least), so a
+    level of 1,000 requests x 256 tokens takes seconds, not a minute."""
     if not 0 < confidence < 1:
         raise ValueError(f"confidence must be in (0, 1), got {confidence!r}")
     if resamples < 100:
         raise ValueError(f"resamples must be >= 100, got {resamples!r}")
-    pool = Pool(units, [est.family] + ([est.per] if est.per else []))
-    count = int(pool.values[est.family][0].size)
+    families = [ests[0].family] + sorted({est.per for est in ests if est.per})
+    pool = Pool(units, families)
+    count = int(pool.values[ests[0].family][0].size)
     if count < 2 or sum(pool.sizes) < 2:
-        return None
-    whole = float(pool.statistic(est, np.ones((1, sum(pool.sizes)), dtype=np.int64))[0])
-    draws = relative_draws(units, est, resamples, np.random.default_rng(seed))
-    if draws is None:
-        return None
+        return [None] * len(ests)
+    wholes = [float(v[0]) for v in pool.statistics(ests, np.ones((1, sum(pool.sizes)), dtype=np.int64))]
+    resamples = max(200, min(resamples, 100_000_000 // count))
+    rng = np.random.default_rng(seed)
+    block = max(1, min(resamples, 4_000_000 // count))  # ~32 MB of weights a block
+    draws: list[list[np.ndarray]] = [[] for _ in ests]
+    for done in range(0, resamples, block):
+        for kept, values in zip(draws, pool.statistics(ests, pool.counts(min(block, resamples - done), rng))):
+            kept.append(values)
     tail = (1 - confidence) / 2
-    low, high = np.nanquantile(draws * whole, [tail, 1 - tail])
-    return Interval(whole, float(low), float(high), confidence, count)
+    out: list[Interval | None] = []
+    for whole, kept in zip(wholes, draws):
+        values = np.concatenate(kept)
+        values = values[np.isfinite(values)]
+        if not math.isfinite(whole) or values.size < 2:
+            out.append(None)
+            continue
+        low, high = np.quantile(values, [tail, 1 - tail])
+        out.append(Interval(whole, float(low), float(high), confidence, count))
+    return out
 
 
 def enough_for(stat: str, count: int, min_beyond: int = 5) -> bool:
@@ -119,6 +136,8 @@ def enough_for(stat: str, count: int, min_beyond: int = 5) -> bool:
 #: The level figures that get an interval (``<figure>_ci_low`` / ``_ci_high``): the means and
 #: percentiles of the four request latencies.
 LEVEL_INTERVAL_FIGURES = tuple(f"{m}_{s}" for m in STREAM_LATENCIES for s in ("mean", "p50", "p90", "p99"))
+#: A profile point's: its prefill (median of the repeats) and its median decode step.
+PROFILE_INTERVAL_FIGURES = ("prefill_ms", "decode_ms_p50")
 
 
 def figure_interval(
@@ -137,14 +156,41 @@ def figure_interval(
         ValueError: ``confidence`` outside (0, 1), ``resamples`` < 100.
     """
     est = estimator(figure)
-    return None if est is None else _interval(units, est, confidence, resamples, seed)
+    return None if est is None else _intervals(units, [est], confidence, resamples, seed)[0]
 
 
-def figure_intervals(units: Sequence[Unit], figures: Iterable[str], **kwargs) -> dict[str, float | None]:
-    """``{f"{figure}_ci_low": ..., f"{figure}_ci_high": ...}`` for each figure (None: no interval)."""
+def figure_intervals(
+    units: Sequence[Unit],
+    figures: Iterable[str],
+    *,
+    confidence: float = DEFAULT_CONFIDENCE,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+) -> dict[str, float | None]:
+    """``{f"{figure}_ci_low": ..., f"{figure}_ci_high": ...}`` for each figure (None: no interval,
+    as :func:`figure_interval`); the figures of one family share their draws."""
+    by_family: dict[str, list[tuple[str, Estimator]]] = {}
     out: dict[str, float | None] = {}
     for figure in figures:
-        interval = figure_interval(units, figure, **kwargs)
-        out[f"{figure}_ci_low"] = None if interval is None else interval.low
-        out[f"{figure}_ci_high"] = None if interval is None else interval.high
+        est = estimator(figure)
+        out[f"{figure}_ci_low"] = out[f"{figure}_ci_high"] = None
+        if est is not None:
+            by_family.setdefault(est.family, []).append((figure, est))
+    for members in by_family.values():
+        intervals = _intervals(units, [est for _, est in members], confidence, resamples, seed)
+        for (figure, _), interval in zip(members, intervals):
+            if interval is not None:
+                out[f"{figure}_ci_low"], out[f"{figure}_ci_high"] = interval.low, interval.high
+    return out
+
+
+def with_intervals(names: Iterable[str], figures: Mapping[str, Any]) -> dict[str, Any]:
+    """``{name: figures[name]}`` for each name, each followed by its ``_ci_low`` / ``_ci_high``
+    where ``figures`` has them (a stage's headline, logged on the audit's parent run)."""
+    out: dict[str, Any] = {}
+    for name in names:
+        out[name] = figures.get(name)
+        for end in ("ci_low", "ci_high"):
+            if figures.get(f"{name}_{end}") is not None:
+                out[f"{name}_{end}"] = figures[f"{name}_{end}"]
     return out

@@ -105,25 +105,34 @@ class Pool:
 
     def statistic(self, est: Estimator, counts: np.ndarray) -> np.ndarray:
         """The statistic of each draw, ``counts`` ``(draws, clusters)`` -> ``(draws,)`` (NaN: none)."""
-        values, owner = self.values[est.family]
+        return self.statistics([est], counts)[0]
+
+    def statistics(self, ests: Sequence[Estimator], counts: np.ndarray) -> list[np.ndarray]:
+        """:meth:`statistic` of several estimators of one family on the same draws (the draws'
+        weights and cumulative counts computed once)."""
+        values, owner = self.values[ests[0].family]
         weights = counts[:, owner]
+        total = weights.sum(axis=1)
+        cumulative = None
+        out = []
         with np.errstate(divide="ignore", invalid="ignore"):
-            if est.stat == "ratio":
-                per_values, per_owner = self.values[est.per or ""]
-                return (weights * values).sum(axis=1) / (counts[:, per_owner] * per_values).sum(axis=1)
-            stat = est.stat.removeprefix("inverse_")
-            total = weights.sum(axis=1)
-            if stat == "mean":
-                out = (weights * values).sum(axis=1) / total
-            else:  # numpy's "linear" quantile of the draw, read off the sorted values' cumulative counts
-                h = (total - 1) * float(stat[1:]) / 100
-                low = np.floor(h)
-                cumulative = np.cumsum(weights, axis=1)
-                below = np.minimum((cumulative <= low[:, None]).sum(axis=1), values.size - 1)
-                above = np.minimum((cumulative <= low[:, None] + 1).sum(axis=1), values.size - 1)
-                out = values[below] + (h - low) * (values[above] - values[below])
-                out[total == 0] = np.nan
-            return 1.0 / out if est.stat.startswith("inverse_") else out
+            for est in ests:
+                stat = est.stat.removeprefix("inverse_")
+                if est.stat == "ratio":
+                    per_values, per_owner = self.values[est.per or ""]
+                    value = (weights * values).sum(axis=1) / (counts[:, per_owner] * per_values).sum(axis=1)
+                elif stat == "mean":
+                    value = (weights * values).sum(axis=1) / total
+                else:  # numpy's "linear" quantile of the draw, read off the sorted values' cumulative counts
+                    cumulative = np.cumsum(weights, axis=1) if cumulative is None else cumulative
+                    h = (total - 1) * float(stat[1:]) / 100
+                    low = np.floor(h)
+                    below = np.minimum((cumulative <= low[:, None]).sum(axis=1), values.size - 1)
+                    above = np.minimum((cumulative <= low[:, None] + 1).sum(axis=1), values.size - 1)
+                    value = values[below] + (h - low) * (values[above] - values[below])
+                    value[total == 0] = np.nan
+                out.append(1.0 / value if est.stat.startswith("inverse_") else value)
+        return out
 
 
 def relative_draws(

@@ -30,6 +30,8 @@ from typing import Any
 
 from tasks import cache, stats
 from tasks.metrics.registry import REPEAT_SPREAD
+from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
+from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
 from tasks.stream.load import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
@@ -48,7 +50,8 @@ class Level:
         metrics: flat figures: ``tasks.stats.aggregate_level``'s (``ttft_ms_p50`` ...), the
             client's loop lag (``client_loop_lag_ms_p99``, ``client_bound``, and
             ``client_processes`` over several processes), the server's ``server_*`` view and
-            cross-check where it has ``/metrics``, and ``num_short_outputs``; repeated, over
+            cross-check where it has ``/metrics``, ``num_short_outputs``, each mean and
+            percentile's ``_ci_low`` / ``_ci_high`` (``tasks.stats.interval``); repeated, over
             every repeat's records pooled, with ``num_repeats`` and each repeat's range of
             the figures of ``tasks.metrics.registry.REPEAT_SPREAD`` (``ttft_ms_p50_repeat_min``).
         records: every request, warm-up first (flagged), then the measured ones by send time
@@ -318,6 +321,8 @@ def _level_metrics(
     """The level's figures (:class:`Level`'s ``metrics``), warning on what is off."""
     index = settings.level
     metrics = stats.aggregate_level(result.records, result.wall_s, goodput)
+    # each mean and percentile's 95 % interval: over requests, and over repeats when several
+    metrics.update(figure_intervals(stream_units(result.records), LEVEL_INTERVAL_FIGURES))
     metrics.update(result.client)
     metrics.update(prometheus.level_view(before, after))
     metrics.update(cache.level_figures(result.measured, before, after))

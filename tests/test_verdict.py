@@ -185,6 +185,10 @@ def test_a_baseline_without_samples_is_judged_by_the_legacy_rule_with_a_note(tmp
         new[1],
     )
     assert {row.rule for row in result.rows} == {"legacy"}
+    # the last audits, one with samples and one without: judged on the one that kept them
+    result = judge(tracker, current, new[0], ident, cfg, new[1])
+    assert {row.rule for row in result.rows} == {"samples"} and result.baseline_run_ids == [legacy]
+    assert "1 of them kept samples" in result.baseline_label
 
 
 @pytest.mark.parametrize("bad", [0.0, 1.0, 1.5])

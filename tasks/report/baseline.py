@@ -263,7 +263,8 @@ def judge(
 ) -> RegressionResult | None:
     """Compare ``current`` (and its ``samples``: the test; None: the legacy rule) with the
     baseline, whose runs' :data:`SAMPLES_ARTIFACT` are read back (a run without one, or with an
-    unreadable one, is judged by the legacy rule, and the rows say so); record the verdict on ``run_id``: tag
+    unreadable one, is left out when others kept theirs, else all are judged by the legacy rule,
+    and the rows say so); record the verdict on ``run_id``: tag
     ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``regression.md`` and
     ``regression.json``. The workload of ``run_id`` is read from its logged params and tags.
     None when there is no baseline yet (the first audit of an endpoint and model).
@@ -285,6 +286,11 @@ def judge(
     kept = (
         [tracker.read_artifact(r["run_id"], SAMPLES_ARTIFACT, read_samples) for r in runs] if judged else []
     )
+    if any(k is not None for k in kept) and not all(k is not None for k in kept):
+        # some baseline runs predate the samples: judge on those that kept theirs, and say so
+        runs, kept = [r for r, k in zip(runs, kept) if k is not None], [k for k in kept if k is not None]
+        ids = [r["run_id"] for r in runs]
+        label += f" ({len(runs)} of them kept samples: those)"
     metric_rows = (
         verdict(current, [r["metrics"] for r in runs], cfg.thresholds_pct, samples, kept, cfg.confidence)
         if judged

@@ -759,7 +759,12 @@ async def _stream_ticks(
         elif i:
             due += gap_s + (slope_s * (state.in_flight - 1) if slope_s and state is not None else 0.0)
         delay = due - loop.time()
-        if delay > 0:
+        if gaps is not None:  # noisy: to the deadline itself, not the loop's 1 ms timer ticks
+            if delay > 0.002:
+                await asyncio.sleep(delay - 0.002)
+            while loop.time() < due:
+                pass
+        elif delay > 0:
             await asyncio.sleep(delay)
         if writer.is_closing():  # the client went away (a pre-flight probe reads one chunk)
             return

@@ -203,9 +203,13 @@ def test_planted_regression_fails_the_audit_with_a_verdict(mlflow_store, prefect
     rows = {row["metric"]: row for row in result["regression"]["rows"]}
     assert rows["ttft_ms_p50"]["regressed"] and rows["ttft_ms_p50"]["baseline"] == 0.5
     assert rows["output_tokens_per_s"]["regressed"]
+    # a planted baseline kept no samples: the legacy rule, said on every row (issue 21)
+    assert {row["rule"] for row in rows.values()} == {"legacy"} and "legacy rule" in rows["ttft_ms_p50"][
+        "note"
+    ]
     client = MlflowClient(tracking_uri=mlflow_store[1])
     run = client.get_run(result["mlflow_run_id"])
     assert run.data.tags["regression"] == "true"
     assert run.data.tags["baseline_run_ids"] == planted
     artifacts = {a.path for a in client.list_artifacts(run.info.run_id)}
-    assert {"regression.md", "regression.json", "summary.md"} <= artifacts
+    assert {"regression.md", "regression.json", "summary.md", "samples.parquet"} <= artifacts

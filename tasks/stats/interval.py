@@ -129,8 +129,8 @@ def enough_for(stat: str, count: int, min_beyond: int = 5) -> bool:
     Know About the Bootstrap*, The American Statistician 69(4), 2015)."""
     if stat == "mean":
         return count >= 2
-    q = float(stat[1:]) / 100
-    return count * min(q, 1 - q) >= min_beyond
+    q = float(stat[1:])  # in percent: 50 x (100 - 90) / 100 is 5 exactly, 50 x 0.1 is not
+    return count * min(q, 100 - q) / 100 >= min_beyond
 
 
 #: The level figures that get an interval (``<figure>_ci_low`` / ``_ci_high``): the means and

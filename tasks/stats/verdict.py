@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 import numpy as np
 
@@ -128,15 +129,22 @@ class Judged:
     note: str
 
 
-def more_needed(c: Change, threshold_pct: float) -> int | None:
+def more_needed(c: Change, threshold_pct: float, tested: int = 1, confidence: float = 0.95) -> int | None:
     """About how many more clusters per side would settle an inconclusive change: the interval
-    shrinks as 1/sqrt(n) until it either fits within ± the threshold (unchanged) or excludes no
-    change (beyond the threshold); None when the change sits on the threshold itself."""
+    shrinks as 1/sqrt(n) until it either fits within ± the threshold (unchanged) or, for a
+    change beyond the threshold, excludes no change at Holm's strictest level among ``tested``
+    metrics (``1 - (1 - confidence) / tested``); None when the change sits on the threshold."""
     limit = abs(threshold_pct)
-    target = limit - abs(c.change_pct) if abs(c.change_pct) < limit else abs(c.change_pct)
-    if target <= 0.05 * limit or c.half_width <= 0:
+    half = c.half_width
+    if abs(c.change_pct) < limit:
+        target = limit - abs(c.change_pct)
+    else:
+        target = abs(c.change_pct)
+        alpha = 1 - confidence
+        half *= NormalDist().inv_cdf(1 - alpha / (2 * tested)) / NormalDist().inv_cdf(1 - alpha / 2)
+    if target <= 0.05 * limit or half <= 0:
         return None
-    return max(1, math.ceil(c.clusters * ((c.half_width / target) ** 2 - 1)))
+    return max(1, math.ceil(c.clusters * ((half / target) ** 2 - 1)))
 
 
 def judge(
@@ -161,7 +169,7 @@ def judge(
         elif -abs(threshold) < c.ci_low and c.ci_high < abs(threshold):
             out.append(Judged(metric, c, "unchanged", "the interval lies within ± the threshold"))
         else:
-            more = more_needed(c, threshold)
+            more = more_needed(c, threshold, len(tested), confidence)
             unit = estimator(metric).unit_name  # type: ignore[union-attr]
             why = "the interval reaches past the threshold"
             if abs(c.change_pct) > abs(threshold) and not rejected[metric]:

@@ -27,10 +27,11 @@ Goals (issue 21): false alarms <= 5 % per audit across all metrics; detection >=
 half-threshold changes judged regressed <= 10 %.
 
     .venv/bin/python tests/benchmarks/verdict_error_rates.py [--trials 20] [--sigma 0.1]
-        [--requests 50] [--concurrency 10]
+        [--requests 50] [--concurrency 1] [--save F | --load F] [--explain]
 
-Concurrency 10 (not the audit's 1) only makes the levels short: the instrument serves requests in
-parallel and draws each one's jitter independently, so their figures do not depend on it.
+Concurrency 1, as the audit's first level (the one its headline reads): at 10 the level's
+throughput moves with the waves' tails more than its requests' E2E say. ``--save F`` keeps the
+measured levels, ``--load F`` judges them again without measuring. About 25 minutes (200 levels).
 Not collected by pytest (no test_ prefix); prints, never asserts.
 """
 
@@ -53,7 +54,7 @@ import groundtruth_server as gt  # noqa: E402
 
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup  # noqa: E402
 from tasks.report.regression import verdict  # noqa: E402
-from tasks.stats.samples import stream_units  # noqa: E402
+from tasks.stats.samples import from_rows, rows, stream_units  # noqa: E402
 
 INFERMETER = ROOT / ".venv" / "bin" / "infermeter"
 #: The default thresholds of the stream stage's metrics (the profile's have no stream samples).
@@ -91,16 +92,24 @@ def levels(server, args, factor: float, count: int, seed: int) -> list[tuple[dic
     return runs
 
 
+def _saved(run: tuple[dict, dict]) -> dict:
+    return {"figures": run[0], "samples": rows(run[1])}
+
+
+def _run(saved: dict) -> tuple[dict, dict]:
+    return saved["figures"], from_rows(saved["samples"])
+
+
 def judged(current, baseline, rule: str, explain: bool = False) -> tuple[bool, bool]:
     """(any metric regressed, any improved) of one trial; ``explain``: print a regressed trial's rows."""
     figures, samples = current
     if rule == "legacy":
-        rows = verdict(figures, [b[0] for b in baseline], THRESHOLDS)
+        verdicts = verdict(figures, [b[0] for b in baseline], THRESHOLDS)
     else:
-        rows = verdict(figures, [b[0] for b in baseline], THRESHOLDS, samples, [b[1] for b in baseline])
-    regressed = any(r.verdict == "regressed" for r in rows)
-    if explain and regressed:
-        for r in rows:
+        verdicts = verdict(figures, [b[0] for b in baseline], THRESHOLDS, samples, [b[1] for b in baseline])
+    regressed = any(r.verdict == "regressed" for r in verdicts)
+    if explain and (regressed or any(r.verdict == "improved" for r in verdicts)):
+        for r in verdicts:
             ci = (
                 ""
                 if r.change_pct_ci_low is None
@@ -110,7 +119,7 @@ def judged(current, baseline, rule: str, explain: bool = False) -> tuple[bool, b
             print(
                 f"  {rule} {len(baseline)}: {r.metric} {r.baseline} -> {r.current} {change}{ci} {r.verdict}"
             )
-    return regressed, any(r.verdict == "improved" for r in rows)
+    return regressed, any(r.verdict == "improved" for r in verdicts)
 
 
 def main() -> None:
@@ -118,23 +127,36 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--sigma", type=float, default=0.1, help="log-normal jitter of TTFT and each gap")
     parser.add_argument("--requests", type=int, default=50, help="per level (the default audit's)")
-    parser.add_argument("--concurrency", type=int, default=10)
+    parser.add_argument("--concurrency", type=int, default=1, help="the default audit's first level's")
     parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--gap-ms", type=float, default=8.0)
-    parser.add_argument("--ttft-ms", type=float, default=40.0)
+    parser.add_argument("--gap-ms", type=float, default=4.0)
+    parser.add_argument("--ttft-ms", type=float, default=20.0)
+    parser.add_argument("--save", type=Path, help="write the measured levels here (JSON), for --load")
+    parser.add_argument("--load", type=Path, help="judge the levels a --save wrote, measuring nothing")
     parser.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
     parser.add_argument("--explain", action="store_true", help="print each alarm's metrics")
     args = parser.parse_args()
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)
     started = time.monotonic()
-    with gt.serve() as server:
-        # baselines: per trial 5 fresh no-change levels (the 1-run baseline is the first of them)
-        pool = levels(server, args, 1.0, 5 * args.trials, seed=1)
-        baselines = [pool[5 * t : 5 * t + 5] for t in range(args.trials)]
-        current = {
-            name: levels(server, args, factor, args.trials, seed=2 + i)
-            for i, (name, factor) in enumerate(CASES)
+    if args.load:
+        saved = json.loads(args.load.read_text(encoding="utf-8"))
+        pool = [_run(r) for r in saved["pool"]]
+        current = {name: [_run(r) for r in runs] for name, runs in saved["current"].items()}
+    else:
+        with gt.serve() as server:
+            # baselines: per trial 5 fresh no-change levels (the 1-run baseline is the first of them)
+            pool = levels(server, args, 1.0, 5 * args.trials, seed=1)
+            current = {
+                name: levels(server, args, factor, args.trials, seed=2 + CASES.index((name, factor)))
+                for name, factor in cases
+            }
+    if args.save:
+        kept = {
+            "pool": [_saved(r) for r in pool],
+            "current": {n: [_saved(r) for r in rs] for n, rs in current.items()},
         }
+        args.save.write_text(json.dumps(kept), encoding="utf-8")
+    baselines = [pool[5 * t : 5 * t + 5] for t in range(args.trials)]
     measured_s = time.monotonic() - started
     print(
         f"verdict error rates: {args.trials} trials per case, {args.requests} requests a level, jitter "

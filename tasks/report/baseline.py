@@ -137,6 +137,7 @@ class RegressionResult:
     baseline_run_ids: list[str]
     differences: list[WorkloadDifference] = field(default_factory=list)
     forced: bool = False
+    confidence: float = 0.95  #: the intervals' level (``regression.confidence``)
 
     @property
     def incomparable(self) -> bool:
@@ -165,7 +166,9 @@ class RegressionResult:
                 f"from this run's (rerun with --force-baseline to judge anyway):\n\n{differ}\n\n"
                 f"Baseline: {self.baseline_label}\n\nBaseline runs:\n\n{ids}\n"
             )
-        text = verdict_markdown(self.rows, self.baseline_label) + f"\nBaseline runs:\n\n{ids}\n"
+        text = (
+            verdict_markdown(self.rows, self.baseline_label, self.confidence) + f"\nBaseline runs:\n\n{ids}\n"
+        )
         if self.forced:
             text += f"\nJudged with --force-baseline although the workload differs:\n\n{differ}\n"
         return text
@@ -302,6 +305,7 @@ def judge(
         ids,
         differences,
         bool(differences) and cfg.force_baseline,
+        cfg.confidence,
     )
     tracker.set_tags(
         run_id,

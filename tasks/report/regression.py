@@ -105,6 +105,8 @@ def judge_metric(
 
     if current is None or baseline is None:
         return unjudged("missing in the current run" if current is None else "no baseline")
+    if not (math.isfinite(current) and math.isfinite(baseline)):
+        return unjudged("not a finite figure")
     if baseline == 0:
         return unjudged("baseline is 0: no relative change")
     change_pct = (current - baseline) / abs(baseline) * 100.0
@@ -153,10 +155,8 @@ def verdict(
     if not baseline_runs:
         raise ValueError("no baseline runs to compare with")
     medians = {metric: baseline_from_runs(baseline_runs, metric) for metric in thresholds_pct}
-    samples_kept = (
-        current_samples is not None
-        and len(baseline_samples) == len(baseline_runs)
-        and all(s is not None for s in baseline_samples)
+    samples_kept = (  # an empty samples file (a run without stream or profile) keeps nothing
+        bool(current_samples) and len(baseline_samples) == len(baseline_runs) and all(baseline_samples)
     )
     if not samples_kept:
         rows = []
@@ -171,10 +171,23 @@ def verdict(
         for group, units in (samples or {}).items():
             pooled.setdefault(group, []).extend(units)
     changes: dict[str, test.Change | str] = {}
-    for metric in thresholds_pct:
+    legacy: dict[str, MetricVerdict] = {}  # metrics no samples define: the legacy rule, said so
+    for metric, threshold in thresholds_pct.items():
         value, base = current.get(metric), medians[metric][0]
+        if test.estimator(metric) is None:
+            median, low, high = medians[metric]
+            spread = (low, high) if len(baseline_runs) > 1 else (None, None)
+            row = judge_metric(metric, value, median, threshold, spread)
+            legacy[metric] = replace(row, note=row.note + "; legacy rule (no samples define this metric)")
+            continue
         if value is None or base is None or base == 0:
-            changes[metric] = "missing in the current run" if value is None else "no baseline value"
+            changes[metric] = (
+                "missing in the current run"
+                if value is None
+                else "no baseline value"
+                if base is None
+                else "baseline is 0"
+            )
             continue
         est = test.estimator(metric)
         group = est.group if est else ""
@@ -188,7 +201,7 @@ def verdict(
             resamples=resamples,
         )
     rows = []
-    for judged in test.judge(changes, thresholds_pct, confidence):
+    for judged in test.judge(changes, {m: thresholds_pct[m] for m in changes}, confidence):
         c = judged.change
         median, low, high = medians[judged.metric]
         value = current.get(judged.metric)
@@ -210,18 +223,20 @@ def verdict(
                 "samples",
             )
         )
-    return rows
+    by_metric = {row.metric: row for row in rows} | legacy
+    return [by_metric[metric] for metric in thresholds_pct]
 
 
-def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str) -> str:
+def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str, confidence: float = 0.95) -> str:
     """The verdict as a markdown table (for MLflow and the Prefect artifact): every judged metric
     with baseline, current, change and its interval, threshold, and verdict class."""
     regressed = any(row.regressed for row in rows)
-    rule = (
-        "legacy rule: median and spread, no intervals"
-        if any(r.rule == "legacy" for r in rows)
-        else ("a test on the samples: bootstrap intervals, Holm across metrics (docs/DESIGN.md)")
-    )
+    test_rows = [r for r in rows if r.rule == "samples"]
+    rule = "a test on the samples: bootstrap intervals, Holm across metrics (docs/DESIGN.md)"
+    if not test_rows:
+        rule = "legacy rule: median and spread, no intervals"
+    elif len(test_rows) < len(rows):
+        rule += "; rows noted 'legacy rule' are judged by the median and spread"
     lines = [
         f"# Regression verdict: {'REGRESSION' if regressed else 'no regression'}",
         "",
@@ -229,7 +244,8 @@ def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str) -> str:
         "",
         f"Rule: {rule}",
         "",
-        "| metric | baseline | current | change | 95 % interval | threshold | baseline spread | verdict | note |",
+        f"| metric | baseline | current | change | {100 * confidence:g} % interval | threshold | baseline spread "
+        "| verdict | note |",
         "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
 
@@ -246,6 +262,6 @@ def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str) -> str:
         spread = "n/a" if row.spread_min is None else f"{num(row.spread_min)} .. {num(row.spread_max)}"
         lines.append(
             f"| {row.metric} | {num(row.baseline)} | {num(row.current)} | {change} | {interval} | "
-            f"{row.threshold_pct:+.0f} % | {spread} | {row.verdict} | {row.note} |"
+            f"{row.threshold_pct:+g} % | {spread} | {row.verdict} | {row.note} |"
         )
     return "\n".join(lines) + "\n"

@@ -41,7 +41,7 @@ from statistics import NormalDist
 import numpy as np
 
 from tasks.stats.interval import enough_for
-from tasks.stats.resample import Estimator, estimator, relative_draws
+from tasks.stats.resample import Estimator, Pool, estimator, relative_draws
 from tasks.stats.samples import Samples, Unit
 
 DEFAULT_RESAMPLES = 2000
@@ -92,13 +92,25 @@ def change(
             return (
                 f"too few {est.unit_name} to resample ({clusters} in the {side} run, {MIN_CLUSTERS} needed)"
             )
+    if not (math.isfinite(current) and math.isfinite(baseline)) or baseline == 0:
+        return "no change can be computed (a figure that is 0 or not finite)"
     rng = np.random.default_rng(seed)
     cur = relative_draws(current_units, est, resamples, rng)
     base = relative_draws(baseline_units, est, resamples, rng)
-    if cur is None or base is None or baseline == 0:
-        return "no change can be computed (a statistic of 0)"
+    if cur is None or base is None:
+        return "no change can be computed (a statistic of 0 or not finite in the samples)"
+    if len(current_units) == 1 and len(baseline_units) >= 2:
+        # one current run is one more draw of the machine's run-to-run state: it borrows the
+        # baseline's between-run spread, the sd s of the baseline runs' log deviations, drawn as
+        # s x Student's t with U - 1 degrees of freedom (the prediction of a new run from U:
+        # Hahn & Meeker, Statistical Intervals, 1991, sec. 4.6; the resampled baseline side
+        # carries the mean's own 1 / U part)
+        spread = float(np.std(np.log(_run_deviations(baseline_units, est)), ddof=1))
+        cur = cur * np.exp(spread * rng.standard_t(len(baseline_units) - 1, cur.size))
     draws = 100.0 * (current * cur / (baseline * base) - 1.0)
     draws = draws[np.isfinite(draws)]
+    if draws.size < 2:
+        return "no change can be computed (the draws are not finite)"
     tail = (1 - confidence) / 2
     low, high = (float(v) for v in np.quantile(draws, [tail, 1 - tail]))
     n = draws.size
@@ -106,6 +118,19 @@ def change(
     clusters = min(sum(u.size for u in current_units), sum(u.size for u in baseline_units))
     point = 100.0 * (current / baseline - 1.0)
     return Change(metric, point, low, high, float(p), (high - low) / 2, clusters)
+
+
+def _run_deviations(units: Sequence[Unit], est: Estimator) -> np.ndarray:
+    """Each unit's statistic over the pooled units' (1 = an average run); NaN-free (1 where a
+    unit has none)."""
+    pooled = Pool(units, [est.family] + ([est.per] if est.per else []))
+    whole = float(pooled.statistic(est, np.ones((1, sum(pooled.sizes)), dtype=np.int64))[0])
+    out = []
+    for unit in units:
+        alone = Pool([unit], [est.family] + ([est.per] if est.per else []))
+        value = float(alone.statistic(est, np.ones((1, max(1, alone.sizes[0])), dtype=np.int64))[0])
+        out.append(value / whole if math.isfinite(value) and whole and math.isfinite(whole) else 1.0)
+    return np.array(out)
 
 
 def holm(p_values: Sequence[float], alpha: float) -> list[bool]:

@@ -100,7 +100,7 @@ def _intervals(
     count = int(pool.values[ests[0].family][0].size)
     if count < 2 or sum(pool.sizes) < 2:
         return [None] * len(ests)
-    wholes = [float(v[0]) for v in pool.statistics(ests, np.ones((1, sum(pool.sizes)), dtype=np.int64))]
+    wholes = pool.whole(ests)
     resamples = max(200, min(resamples, 100_000_000 // count))
     rng = np.random.default_rng(seed)
     block = max(1, min(resamples, 4_000_000 // count))  # ~32 MB of weights a block

@@ -103,6 +103,12 @@ class Pool:
             axis=1,
         )
 
+    def whole(self, ests: Sequence[Estimator]) -> list[float]:
+        """Each estimator's statistic on all the samples once (the figure the draws vary)."""
+        return [
+            float(v[0]) for v in self.statistics(ests, np.ones((1, max(1, sum(self.sizes))), dtype=np.int64))
+        ]
+
     def statistic(self, est: Estimator, counts: np.ndarray) -> np.ndarray:
         """The statistic of each draw, ``counts`` ``(draws, clusters)`` -> ``(draws,)`` (NaN: none)."""
         return self.statistics([est], counts)[0]
@@ -142,8 +148,7 @@ def relative_draws(
     if not units or not any(unit.size for unit in units):
         return None
     pool = Pool(units, [est.family] + ([est.per] if est.per else []))
-    clusters = sum(pool.sizes)
-    whole = float(pool.statistic(est, np.ones((1, clusters), dtype=np.int64))[0])
+    [whole] = pool.whole([est])
     if not math.isfinite(whole) or whole == 0:
         return None
     block = max(1, min(resamples, 4_000_000 // max(1, pool.values[est.family][0].size)))  # ~32 MB a block

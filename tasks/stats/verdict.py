@@ -124,11 +124,11 @@ def _run_deviations(units: Sequence[Unit], est: Estimator) -> np.ndarray:
     """Each unit's statistic over the pooled units' (1 = an average run); NaN-free (1 where a
     unit has none)."""
     pooled = Pool(units, [est.family] + ([est.per] if est.per else []))
-    whole = float(pooled.statistic(est, np.ones((1, sum(pooled.sizes)), dtype=np.int64))[0])
+    [whole] = pooled.whole([est])
     out = []
     for unit in units:
         alone = Pool([unit], [est.family] + ([est.per] if est.per else []))
-        value = float(alone.statistic(est, np.ones((1, max(1, alone.sizes[0])), dtype=np.int64))[0])
+        [value] = alone.whole([est])
         out.append(value / whole if math.isfinite(value) and whole and math.isfinite(whole) else 1.0)
     return np.array(out)
 

@@ -1,13 +1,14 @@
 """The level loop of the stream stage: run each level, aggregate it, check it, say what is off.
 
 Per level (:func:`run_levels`): the server's Prometheus ``/metrics`` is scraped after the
-warm-up and after the measured requests (``tasks.stream.prometheus``; skipped when the server
-has none), the level runs in this process or over client processes
-(``StreamConfig.client_processes``, at most the level's concurrency), its records are
-aggregated (``tasks.stats.aggregate_level``) beside the client's loop-lag figures, the server's
-own view and the client/server cross-check, and the short outputs are counted. Three warnings
-go to the logger passed in: the client and the server disagree on TTFT/E2E, ``ignore_eos`` was
-sent but outputs came back short, and the level is client-bound.
+warm-up and after the measured requests, its gauges sampled every 250 ms between
+(``tasks.stream.prometheus``, ``tasks.stream.gauges``; skipped when the server has none), the
+level runs in this process or over client processes (``StreamConfig.client_processes``, at
+most the level's concurrency), its records are aggregated (``tasks.stats.aggregate_level``)
+beside the client's loop-lag figures, the server's own view and the client/server cross-check,
+and the short outputs are counted. Three warnings go to the logger passed in: the client and
+the server disagree on TTFT/E2E, ``ignore_eos`` was sent but outputs came back short, and the
+level is client-bound.
 
 A level of ``repeats`` > 1 (``StreamConfig.repeats``) is run that many times in a row, each a
 fresh start (its own warm-up, prefix-cache reset and scrapes); its figures are over every
@@ -33,8 +34,10 @@ from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
+from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.load import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
+from tasks.stream.quality import distinct_texts, rate_text
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
@@ -58,12 +61,14 @@ class Level:
             (repeated, ``settings.repeats > 1``: so each repeat in turn, ``repeat`` set).
         wall_s: first measured send to last measured completion (s); repeated: the repeats'
             summed (the throughput figures' denominator).
+        gauges: the server's gauges every 250 ms of the measured part (``tasks.stream.gauges``).
     """
 
     settings: LevelSettings
     metrics: dict[str, Any]
     records: tuple[RequestRecord, ...]
     wall_s: float
+    gauges: tuple[GaugeSample, ...] = ()
 
     @property
     def level(self) -> int:
@@ -170,6 +175,7 @@ def _run_one(
     results: list[LevelResult] = []
     pairs: list[tuple[dict[str, float] | None, dict[str, float] | None]] = []
     befores: dict[int, dict[str, float] | None] = {}  # repeat -> the scrape before its measured part
+    sampler = GaugeSampler(connection.base_url, connection.api_key)  # off the timed path (gauges.py)
 
     def scrape_before() -> None:  # after the repeat's warm-up, nothing in flight
         if settings.reset_cache:
@@ -177,20 +183,25 @@ def _run_one(
             if why is not None:
                 refused.append(why)
         befores[len(results)] = prometheus.scrape(connection.base_url, connection.api_key)
+        if befores[len(results)]:  # a server without /metrics is not asked again
+            sampler.start()
 
-    for repeat in range(settings.repeats):  # each a fresh start: its own warm-up, reset, scrapes
-        results.append(
-            run_level_processes(
-                processes,
-                connection,
-                replace(settings, repeat=repeat),
-                count_tokens=count_tokens,
-                on_record=on_record,
-                on_measure_start=scrape_before,
+    with sampler:  # stopped however the level ends
+        for repeat in range(settings.repeats):  # each a fresh start: its own warm-up, reset, scrapes
+            results.append(
+                run_level_processes(
+                    processes,
+                    connection,
+                    replace(settings, repeat=repeat),
+                    count_tokens=count_tokens,
+                    on_record=on_record,
+                    on_measure_start=scrape_before,
+                )
             )
-        )
-        before = befores.get(repeat)
-        pairs.append((before, prometheus.scrape(connection.base_url, connection.api_key) if before else None))
+            sampler.stop()  # the measured part is over: its last request ended
+            before = befores.get(repeat)
+            after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
+            pairs.append((before, after))
     result = _pooled(results, settings)
     before, after = prometheus.combine(pairs)
     metrics = _level_metrics(result, before, after, settings, goodput, logger)
@@ -206,7 +217,7 @@ def _run_one(
             refused[0],
         )
     _warn_cache(metrics, settings.level, logger)
-    return Level(settings, metrics, tuple(result.records), result.wall_s)
+    return Level(settings, metrics, tuple(result.records), result.wall_s, tuple(sampler.samples))
 
 
 def _pooled(results: Sequence[LevelResult], settings: LevelSettings) -> LevelResult:
@@ -359,15 +370,11 @@ def _level_metrics(
                 index,
                 metrics["send_lateness_ms_p99"],
                 quality.SCHEDULE_LATENESS_TOLERANCE_MS,
-                _rate(metrics.get("achieved_request_rate")),
-                _rate(metrics.get("recorded_request_rate")),
+                rate_text(metrics.get("achieved_request_rate")),
+                rate_text(metrics.get("recorded_request_rate")),
             )
     _warn_client(metrics, settings, logger)
     return metrics
-
-
-def _rate(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:.1f}"
 
 
 def _warn_client(
@@ -407,13 +414,3 @@ def _warn_client(
         lag_text,
         limit_text,
     )
-
-
-def distinct_texts(value: float, limit: float) -> tuple[str, str]:
-    """``value`` and ``limit`` with two decimals, or as many more (up to 9) as it takes for
-    them to read differently: a warning must never say "1.00 ms (> 1.00 ms)"."""
-    for decimals in range(2, 10):
-        texts = f"{value:.{decimals}f}", f"{limit:.{decimals}f}"
-        if texts[0] != texts[1]:
-            break
-    return texts

@@ -158,3 +158,18 @@ def bound_reason(metrics: Mapping[str, Any]) -> str:
         return f"{100 * metrics['coalesced_event_fraction']:.1f} % of ITL gaps coalesced"
     lag = metrics.get("client_loop_lag_ms_p99")
     return f"event-loop lag p99 {'n/a' if lag is None else f'{lag:.2f}'} ms"
+
+
+def distinct_texts(value: float, limit: float) -> tuple[str, str]:
+    """``value`` and ``limit`` with two decimals, or as many more (up to 9) as it takes for
+    them to read differently: a warning must never say "1.00 ms (> 1.00 ms)"."""
+    for decimals in range(2, 10):
+        texts = f"{value:.{decimals}f}", f"{limit:.{decimals}f}"
+        if texts[0] != texts[1]:
+            break
+    return texts
+
+
+def rate_text(value: float | None) -> str:
+    """A rate in a warning: one decimal, ``n/a`` for None."""
+    return "n/a" if value is None else f"{value:.1f}"

@@ -1,11 +1,12 @@
 """Registry entries derived from a level's own figures: the repeats' range, the 95 % intervals,
-the figures by conversation turn. Spliced into :data:`tasks.metrics.registry.REGISTRY` (the one
-registry) where the stream stage's entries are.
+the figures by conversation turn, a level's timeline (``tasks.metrics.timeline``). Spliced into
+:data:`tasks.metrics.registry.REGISTRY` (the one registry) where the stream stage's entries are.
 """
 
 from __future__ import annotations
 
 from tasks.metrics.metric import Metric
+from tasks.metrics.timeline import TIMELINE
 
 #: The level figures with an interval (tasks.stats.interval.LEVEL_INTERVAL_FIGURES, which the
 #: registry cannot import: tasks.stats imports the registry).
@@ -55,4 +56,5 @@ LEVEL_DERIVED: tuple[Metric, ...] = (
     Metric(
         "cached_tokens_mean_turn<turn>", "tokens", "stream", "Mean usage cached_tokens at this turn index."
     ),
+    *TIMELINE,  # a level's windows and the server's gauges (tasks.stream.timeline)
 )

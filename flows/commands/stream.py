@@ -166,6 +166,12 @@ def command(
         Optional[float],
         typer.Option(help="Seconds of sending per level (in-flight requests finish); with --num-requests."),
     ] = None,
+    slice_s: Annotated[
+        Optional[float],
+        typer.Option(
+            help="Seconds per window of each level's timeline (default 1): MLflow step series, plot."
+        ),
+    ] = None,
     api: Annotated[
         Optional[str], typer.Option(help="Endpoint: chat (/chat/completions, default) or completions.")
     ] = None,
@@ -231,6 +237,7 @@ def command(
             "output_len": output_len,
             "client_processes": client_processes,
             "duration_s": duration_s,
+            "slice_s": slice_s,
             "api": api,
             "dataset": dataset,
             "time_scale": time_scale,

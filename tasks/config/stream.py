@@ -90,6 +90,13 @@ class StreamConfig(_Strict):
         description="Seconds of sending per level: after it no measured request is sent (those in "
         "flight finish and count); num_requests still caps the level. Empty = no time bound.",
     )
+    slice_s: float = Field(
+        1.0,
+        gt=0,
+        description="Window of each level's timeline, in seconds: the client's TTFT / ITL / tokens/s / "
+        "requests in flight per window beside the server's gauges (sampled every 250 ms), one "
+        "MLflow step per window and a stacked plot per level (AIPerf's time slices).",
+    )
     api: Literal["chat", "completions"] = Field(
         "chat", description="Endpoint streamed: chat (/chat/completions) or completions (/completions)."
     )

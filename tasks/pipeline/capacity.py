@@ -14,6 +14,7 @@ from tasks.config import CapacityConfig, StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, _token_counter, stage_logger
+from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
 from tasks.report.capacity_plot import capacity_plot
 from tasks.stream.capacity import CapacityLevel, search_capacity
@@ -88,6 +89,8 @@ def capacity_stage(
             tracker.log_metrics(child, {**level.metrics, "capacity_level_passed": int(level.passed)})
             if not level.passed:
                 tracker.set_tags(child, {"failed_because": level.reason(cfg.goodput, capacity.target)[:480]})
+            # the timeline of the level just run (done[-1]): step series, gauges, a stacked plot
+            log_timeline(tracker, child, done[-1], cfg.slice_s, workdir_path / "timeline")
             tracker.end_run(child)
 
         result = search_capacity(

@@ -13,6 +13,7 @@ from tasks.config import StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
+from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
 from tasks.stats.interval import with_intervals
 from tasks.stream.errors import every_request_failed
@@ -37,7 +38,9 @@ def stream_stage(
     kept at once (``requests.jsonl``), Parquet and plots at the end. The audit's remote stage
     and ``infermeter stream`` both run this. When the server exposes Prometheus ``/metrics``
     it is scraped before and after each level's measured requests (``server_*`` metrics,
-    ``tasks.stream.levels``). One child run per level, logged as the level finishes. When
+    ``tasks.stream.levels``), and its gauges sampled every 250 ms for each level's timeline of
+    ``cfg.slice_s``-second windows (``tasks.pipeline.timeline``: step series, CSV, a stacked
+    plot). One child run per level, logged as the level finishes. When
     every measured request failed the stage's run ends FAILED (``error`` tag: the first error),
     its records logged and returned all the same.
 
@@ -64,7 +67,7 @@ def stream_stage(
             run.tracker.log_artifact(run.run_id, Path(workload.source), "workload")
 
         def log_level(level: Level) -> None:
-            """The level's child run: params, metrics, latency histograms."""
+            """The level's child run: params, metrics, latency histograms, the timeline."""
             rate_text = plots_module.rate_label(level.request_rate)
             start_ms, end_ms = level_wall_ms(level)
             child = run.tracker.start_run(
@@ -92,6 +95,8 @@ def stream_stage(
                 for hist in hists:
                     run.tracker.log_artifact(child, hist, "plots")
                 plots.extend(hists)
+            # the timeline: windows as step series, the server's gauges, one stacked plot
+            log_timeline(run.tracker, child, level, cfg.slice_s, workdir_path / "timeline")
             run.tracker.end_run(child, end_time_ms=end_ms)
 
         with RecordWriter(journal) as writer:

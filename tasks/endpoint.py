@@ -12,7 +12,7 @@ hash for the embedded one), never by its URL or port (``identity``).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 
@@ -62,8 +62,11 @@ class Endpoint:
 
 
 @contextmanager
-def open_endpoint(endpoint: EndpointConfig, server: ServerConfig) -> Iterator[Endpoint]:
-    """The configured remote endpoint, or the embedded server started for the block.
+def open_endpoint(
+    endpoint: EndpointConfig, server: ServerConfig, server_args: Sequence[str] = ()
+) -> Iterator[Endpoint]:
+    """The configured remote endpoint, or the embedded server started for the block
+    (``server_args``: flags appended to its command, ``tasks.server.embedded_server``).
 
     Raises:
         EndpointError: base_url is set without a model name.
@@ -87,6 +90,7 @@ def open_endpoint(endpoint: EndpointConfig, server: ServerConfig) -> Iterator[En
         n_ctx=server.n_ctx,
         n_threads=server.n_threads,
         startup_timeout_s=server.startup_timeout_s,
+        extra_args=server_args,
     ) as running:
         os.environ[EMBEDDED_KEY_ENV] = running.api_key
         try:

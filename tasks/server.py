@@ -38,7 +38,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -285,13 +285,16 @@ def embedded_server(
     startup_timeout_s: float = 120.0,
     log_dir: Path | None = None,
     api_key: str | None = RANDOM_KEY,
+    extra_args: Sequence[str] = (),
 ) -> Iterator[EmbeddedServer]:
     """Run the embedded server of ``engine`` for the duration of the ``with`` block.
 
     ``api_key``: ``RANDOM_KEY`` (a fresh random key, the default for flows), a given key, or
     None for no authentication (the server listens on 127.0.0.1 only). ``n_ctx``: llama.cpp's
     context window, vLLM's ``--max-model-len``. ``n_threads``: llama.cpp's ``--n_threads``,
-    ``OMP_NUM_THREADS`` for vLLM.
+    ``OMP_NUM_THREADS`` for vLLM. ``extra_args``: flags appended to the engine's command
+    (``infermeter tune``'s configurations, checked by :mod:`tasks.tune.argcheck`); where one
+    repeats a flag set here, the engine's parser keeps the last: the given one.
 
     Raises:
         ModelSourceError: the model spec is not a GGUF file.
@@ -307,6 +310,7 @@ def embedded_server(
     if api_key is RANDOM_KEY:
         api_key = secrets.token_urlsafe(24)
     launch = _LAUNCHERS[engine](source, port, api_key, n_ctx, n_threads)
+    launch.command.extend(extra_args)
     log_dir = Path(log_dir or tempfile.mkdtemp(prefix="infermeter-server-"))
     log_dir.mkdir(parents=True, exist_ok=True)
     log_path = log_dir / f"{engine}_server.log"

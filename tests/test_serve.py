@@ -69,7 +69,7 @@ def served(prefect_api, mlflow_server, tmp_path_factory):
                 for d in _api(prefect_api, "/deployments/filter", {})
                 if datetime.fromisoformat(d["updated"]) >= started
             }
-            if names >= {"audit", "stream", "profile", "sweep", "tokenize"}:
+            if names >= {"audit", "stream", "profile", "sweep", "tokenize", "capacity", "tune"}:
                 break
             time.sleep(1)
         else:
@@ -93,6 +93,26 @@ def test_audit_deployment_renders_a_typed_form(served):
     assert deployment["parameters"]["config"]["name"] == "audit-smoke"
     assert [s["schedule"]["cron"] for s in deployment["schedules"]] == ["0 3 * * *"]
     assert _api(api, "/deployments/name/sweep/sweep")["schedules"] == []
+
+
+def test_tune_deployment_renders_its_grid_form(served):
+    """`infermeter tune` from the Prefect UI (issue 20): the grid, the list, the server command
+    and the workload are typed fields of the form, with the config's defaults."""
+    api, _, _ = served
+    deployment = _api(api, "/deployments/name/tune/tune")
+    schema = deployment["parameter_openapi_schema"]
+    definitions = schema.get("definitions") or schema.get("$defs")
+    tune = definitions["TuneConfig"]["properties"]
+    assert {
+        "server_params",
+        "configurations",
+        "serve_cmd",
+        "max_configurations",
+        "resume",
+        "capacity",
+    } <= set(tune)
+    assert tune["max_configurations"]["default"] == 64 and tune["server_params"]["type"] == "object"
+    assert set(definitions["TuneFlowConfig"]["properties"]) >= {"tune", "stream", "server", "capacity"}
 
 
 def _wait_for(api, flow_run_id, logs, timeout_s=420):

@@ -7,7 +7,19 @@ import signal
 
 import typer
 
-from flows.commands import audit, capacity, compare, deploy, profile, server, stream, sweep, sync, tokenize
+from flows.commands import (
+    audit,
+    capacity,
+    compare,
+    deploy,
+    profile,
+    server,
+    stream,
+    sweep,
+    sync,
+    tokenize,
+    tune,
+)
 
 app = typer.Typer(
     name="infermeter",
@@ -27,6 +39,7 @@ app.command("profile")(profile.command)
 app.command("tokenize")(tokenize.command)
 app.command("sweep")(sweep.command)
 app.command("capacity")(capacity.command)
+app.command("tune")(tune.command)
 app.command("sync")(sync.command)
 
 

@@ -2,7 +2,7 @@
 this process or registered on a work pool, against the Prefect API.
 
 Each flow takes one pydantic config model (AuditConfig, StreamFlowConfig, ProfileFlowConfig,
-SweepFlowConfig, TokenizeFlowConfig, CapacityFlowConfig), so the Prefect UI renders a typed form with the defaults
+SweepFlowConfig, TokenizeFlowConfig, CapacityFlowConfig, TuneFlowConfig), so the Prefect UI renders a typed form with the defaults
 and descriptions of tasks/config; a run launched from the UI, from
 `prefect deployment run NAME --param ...` or from the REST API lands in MLflow with exactly the
 parameters it was given. The audit deployment takes the config's `schedule_cron` (off by
@@ -34,6 +34,7 @@ FLOWS = (
     ("flows.sweep", "sweep", "sweep"),
     ("flows.tokenize", "tokenize", "tokenize"),
     ("flows.capacity", "capacity", "capacity"),
+    ("flows.tune", "tune", "tune"),
 )
 
 

@@ -37,6 +37,7 @@ from tasks.config.stages import (
     TrackingConfig,
 )
 from tasks.config.stream import StreamConfig
+from tasks.config.tune import TuneConfig, TuneFlowConfig
 
 __all__ = [
     "DEFAULT_STREAM_PROMPTS",
@@ -58,6 +59,8 @@ __all__ = [
     "TokenizeConfig",
     "TokenizeFlowConfig",
     "TrackingConfig",
+    "TuneConfig",
+    "TuneFlowConfig",
     "describe_validation_error",
     "load_config",
 ]

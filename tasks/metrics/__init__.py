@@ -147,6 +147,17 @@ HEADLINES: dict[str, tuple[str, ...]] = {
         ),
         "the sweep headline",
     ),
+    "tune": _checked(
+        (
+            "tune_configurations",
+            "tune_configurations_failed",
+            "tune_configurations_resumed",
+            "tune_pareto_points",
+            "tune_best_output_tokens_per_s",
+            "tune_best_goodput_requests_per_s",
+        ),
+        "the tune headline",
+    ),
     "report": (),
 }
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 #: The statistics of every full distribution, in report order.
 STAT_NAMES: tuple[str, ...] = ("mean", "p50", "p90", "p95", "p99", "max")
 #: The stages a metric can come from, in pipeline order.
-STAGES: tuple[str, ...] = ("tokenize", "profile", "stream", "sweep", "report")
+STAGES: tuple[str, ...] = ("tokenize", "profile", "stream", "sweep", "tune", "report")
 
 _PLACEHOLDER = re.compile(r"<[a-z_]+>")
 #: What a placeholder matches: MLflow-safe key characters (tokenizers.metric_name, the

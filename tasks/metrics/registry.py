@@ -374,6 +374,18 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("capacity_bracket_high_requests_per_s", "requests/s", "stream", "Capacity bracket: upper end."),
     Metric("capacity_levels", "count", "stream", "Levels the capacity search ran."),
     Metric("capacity_level_passed", "0/1", "stream", "1 when the level met the goodput target (level run)."),
+    # engine tuning (issue 20, tasks/tune, tasks/pipeline/tune.py): configuration child and parent
+    Metric(
+        "server_startup_s", "s", "tune", "Server launch until /v1/models answered (configuration run).", _LAT
+    ),
+    Metric("tune_configurations", "count", "tune", "Configurations of the tune run (parent)."),
+    Metric("tune_configurations_failed", "count", "tune", "Configurations that FAILED.", "higher"),
+    Metric("tune_configurations_resumed", "count", "tune", "Configurations read back from earlier runs."),
+    Metric("tune_pareto_points", "count", "tune", "Levels on the throughput / per-user front."),
+    Metric("tune_best_output_tokens_per_s", "tokens/s", "tune", "Output tokens/s of the best level.", _TPUT),
+    Metric(
+        "tune_best_goodput_requests_per_s", "requests/s", "tune", "Goodput of the best level (SLOs).", _TPUT
+    ),
     # sampling sweep, per point (tasks/sweep point_metrics) and on the stage run
     Metric("num_samples", "count", "sweep", "Samples of the point."),
     Metric("num_samples_failed", "count", "sweep", "Samples that failed.", "higher"),

@@ -138,7 +138,9 @@ def main() -> None:
     parser.add_argument("--gap-ms", type=float, default=4.0)
     parser.add_argument("--ttft-ms", type=float, default=20.0)
     parser.add_argument("--save", type=Path, help="write the measured levels here (JSON), for --load")
-    parser.add_argument("--load", type=Path, help="judge the levels a --save wrote (measuring only the cases it lacks)")
+    parser.add_argument(
+        "--load", type=Path, help="judge the levels a --save wrote (measuring only the cases it lacks)"
+    )
     parser.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
     parser.add_argument("--explain", action="store_true", help="print each alarm's metrics")
     args = parser.parse_args()

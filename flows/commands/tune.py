@@ -1,0 +1,228 @@
+"""`infermeter tune`: server configurations measured one after another, and the Pareto front.
+
+Builds a ``TuneFlowConfig`` from YAML (``--config``) and the flags, settles the plan before any
+server starts (exit 2, one line naming the parameter: an empty grid, a parameter or value the
+engine's own parser refuses, more than ``--max-configurations`` without ``--yes``), runs the
+flow (``flows.tune``), writes ``--json`` (``{"configurations": [...], "best", "pareto",
+"mlflow_run_id"}``) and prints one row per configuration and level, the front and the best.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from flows.commands.common import (
+    JsonOption,
+    NoTrackOption,
+    apply_overrides,
+    fail_input,
+    load_or_fail,
+    parse_list,
+    parse_slos,
+    rate,
+    run_flow,
+)
+from flows.commands.tables import console, fmt_value, make_table, print_run_links
+from flows.commands.workload import RepeatsOption, check_dataset
+from tasks.config import TuneFlowConfig
+
+
+def command(
+    server_param: Annotated[
+        Optional[list[str]],
+        typer.Option(
+            help="NAME=V1,V2: a server parameter's values (repeat for more; the grid is their product)."
+        ),
+    ] = None,
+    engine: Annotated[
+        Optional[str], typer.Option(help="Embedded engine: llamacpp (default) or vllm (needs `make vllm`).")
+    ] = None,
+    serve_cmd: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Your own server's command with {model} {port} {params}, instead of the embedded engine."
+        ),
+    ] = None,
+    model: Annotated[Optional[str], typer.Option(help="Model name sent (with --serve-cmd).")] = None,
+    tokenizer: Annotated[
+        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
+    ] = None,
+    api_key_env: Annotated[
+        Optional[str], typer.Option(help="NAME of the variable holding your server's key (with --serve-cmd).")
+    ] = None,
+    yes: Annotated[bool, typer.Option("--yes", help="Run a grid larger than --max-configurations.")] = False,
+    max_configurations: Annotated[
+        Optional[int], typer.Option(help="More configurations than this need --yes (default 64).")
+    ] = None,
+    no_resume: Annotated[
+        bool, typer.Option("--no-resume", help="Measure every configuration, even ones FINISHED before.")
+    ] = False,
+    capacity: Annotated[
+        bool, typer.Option("--capacity", help="Run the capacity search (under --goodput) per configuration.")
+    ] = False,
+    max_concurrency: Annotated[Optional[str], typer.Option(help="Concurrency levels, e.g. 1,8.")] = None,
+    request_rate: Annotated[
+        Optional[str], typer.Option(help="Request rates (req/s, inf), e.g. 2,inf.")
+    ] = None,
+    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
+    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level.")] = None,
+    repeats: RepeatsOption = None,
+    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request.")] = None,
+    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many tokens.")] = None,
+    output_len: Annotated[
+        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
+    ] = None,
+    dataset: Annotated[
+        Optional[str], typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH.")
+    ] = None,
+    goodput: Annotated[
+        Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50 (ranks the best).")
+    ] = None,
+    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals and synthetic prompts.")] = None,
+    startup_timeout_s: Annotated[
+        Optional[float], typer.Option(help="Seconds a server may take to become healthy.")
+    ] = None,
+    config: Annotated[Optional[Path], typer.Option(help="YAML config (TuneFlowConfig).")] = None,
+    json_path: JsonOption = None,
+    no_track: NoTrackOption = False,
+) -> None:
+    """Measure the server under each configuration of a grid; the Pareto front and the best."""
+    from tasks.server import ServerStartError
+    from tasks.tune.grid import TuneInputError, parse_server_params
+    from tasks.tune.plan import plan
+
+    cfg = load_or_fail(config, TuneFlowConfig)
+    try:
+        grid = parse_server_params(server_param) if server_param else None
+    except TuneInputError as exc:
+        fail_input(str(exc))
+    cfg = apply_overrides(
+        cfg,
+        "tune",
+        {
+            "server_params": grid,
+            "serve_cmd": serve_cmd,
+            "max_configurations": max_configurations,
+            "yes": True if yes else None,
+            "resume": False if no_resume else None,
+            "capacity": True if capacity else None,
+        },
+    )
+    cfg = apply_overrides(cfg, "server", {"engine": engine, "startup_timeout_s": startup_timeout_s})
+    cfg = apply_overrides(
+        cfg, "endpoint", {"model": model, "tokenizer": tokenizer, "api_key_env": api_key_env}
+    )
+    cfg = apply_overrides(
+        cfg,
+        "stream",
+        {
+            "max_concurrency": parse_list("--max-concurrency", max_concurrency, int),
+            "request_rate": parse_list("--request-rate", request_rate, rate),
+            "num_requests": num_requests,
+            "warmup": warmup,
+            "repeats": repeats,
+            "max_tokens": max_tokens,
+            "input_len": input_len,
+            "output_len": output_len,
+            "dataset": dataset,
+            "goodput": parse_slos(goodput),
+            "seed": seed,
+            "enabled": True,
+        },
+    )
+    if cfg.endpoint.base_url:
+        fail_input(
+            "endpoint.base_url: tune starts its own servers; leave it empty (use --serve-cmd for yours)"
+        )
+    if cfg.tune.capacity and not cfg.stream.goodput:
+        fail_input("--capacity: the capacity search needs SLOs, e.g. --goodput ttft_ms:500,tpot_ms:50")
+    check_dataset(cfg, input_len, allow_trace=False)
+    try:
+        planned = plan(cfg)  # the flow plans again; here a refusal costs seconds, not a server start
+    except (TuneInputError, ServerStartError) as exc:
+        fail_input(str(exc))
+    console.print(f"tune: {len(planned)} configurations, each a fresh server", highlight=False)
+
+    from flows.tune import tune
+
+    _, result = run_flow(
+        "tune",
+        tune,
+        cfg,
+        track=not no_track,
+        json_path=json_path,
+        json_keys=("configurations", "best", "pareto"),
+    )
+    print_tune(result)
+    print_run_links(result)
+    if result["error"]:
+        typer.echo(f"tune failed: {result['error']}", err=True)
+        raise typer.Exit(1)
+
+
+def print_tune(result: dict) -> None:
+    """One row per configuration and level (a failed configuration: one row with its status),
+    a mark on the front's rows, then the best and why."""
+    front = {(p["configuration"], p["level"]) for p in result["pareto"]["per_user_tokens_per_s"]}
+    front |= {(p["configuration"], p["level"]) for p in result["pareto"]["ttft_ms_p99"]}
+    best = (result.get("best") or {}).get("point")
+    table = make_table(
+        "infermeter tune (ms)",
+        [
+            (t, j)
+            for t, j in (
+                ("#", "right"),
+                ("configuration", "left"),
+                ("status", "left"),
+                ("startup s", "right"),
+                ("conc", "right"),
+                ("tok/s", "right"),
+                ("tok/s\nper user", "right"),
+                ("TTFT\np99", "right"),
+                ("front", "left"),
+            )
+        ],
+        compact=True,
+    )
+    for conf in result["configurations"]:
+        status = conf["status"] + (" (resumed)" if conf.get("resumed") else "")
+        startup = fmt_value(conf["server_startup_s"])
+        rows = conf["levels"] or [None]
+        for level_index, level in enumerate(rows):
+            if level is None:
+                table.add_row(str(conf["index"]), conf["label"], status, startup, "", "", "", "", "")
+                continue
+            m = level["metrics"]
+            tpot = m.get("tpot_ms_p50")
+            mark = "*" if (conf["index"], level_index) in front else ""
+            if best and (best["configuration"], best["level"]) == (conf["index"], level_index):
+                mark += " best"
+            table.add_row(
+                str(conf["index"]),
+                conf["label"],
+                status,
+                startup,
+                str(level["max_concurrency"]),
+                fmt_value(m.get("output_tokens_per_s")),
+                fmt_value(1000 / tpot if tpot else None),
+                fmt_value(m.get("ttft_ms_p99")),
+                mark,
+            )
+    console.print(table)
+    for conf in result["configurations"]:
+        if conf["error"]:
+            first = conf["error"].splitlines()[0][:300]
+            console.print(
+                f"configuration {conf['index']} ({conf['label']}) {conf['status']}: {first}", highlight=False
+            )
+    chosen = result.get("best") or {}
+    if chosen.get("point"):
+        p = chosen["point"]
+        console.print(
+            f"best: {p['label']} at concurrency {p['max_concurrency']}: {chosen['reason']}", highlight=False
+        )
+    elif chosen:
+        console.print(f"best: none ({chosen['reason']})", highlight=False)

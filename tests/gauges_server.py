@@ -19,8 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import os
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -55,26 +53,8 @@ def gauges_page(state) -> str:
 @contextlib.contextmanager
 def serve() -> Iterator[gt.GroundTruthServer]:
     """Start the instrument with the gauges on a free port; stop it on exit."""
-    process = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "0"],
-        stdout=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
-    )
-    try:
-        line = process.stdout.readline() if process.stdout else ""
-        if not line.startswith("PORT "):
-            raise RuntimeError(f"gauges server did not start: {line!r}")
-        yield gt.GroundTruthServer(process, int(line.split()[1]))
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        if process.stdout:
-            process.stdout.close()
+    with gt.serve(script=__file__) as server:
+        yield server
 
 
 if __name__ == "__main__":

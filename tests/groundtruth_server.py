@@ -931,11 +931,12 @@ def self_signed_cert(folder: str | os.PathLike[str]) -> tuple[str, str]:
 
 
 @contextlib.contextmanager
-def serve(tls: tuple[str, str] | None = None) -> Iterator[GroundTruthServer]:
+def serve(tls: tuple[str, str] | None = None, script: str | None = None) -> Iterator[GroundTruthServer]:
     """Start the server in a child process on a free port; stop it on exit. ``tls``: (cert,
-    key) paths: serve HTTPS with them (clients trust the cert as their CA)."""
+    key) paths: serve HTTPS with them (clients trust the cert as their CA). ``script``: a
+    wrapper of this module to run instead (it prints ``PORT <n>`` likewise)."""
     process = subprocess.Popen(
-        [sys.executable, os.path.abspath(__file__), "0", *(tls or ())],
+        [sys.executable, os.path.abspath(script or __file__), "0", *(tls or ())],
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},

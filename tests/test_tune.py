@@ -9,6 +9,7 @@ vLLM's where ``.venv-vllm`` is installed).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -265,31 +266,35 @@ def test_a_second_run_resumes_the_finished_configurations(own_server_run) -> Non
     assert second.stdout.count("(resumed)") == 4  # two levels each
 
 
-def test_no_server_outlives_a_killed_tune(tmp_path: Path) -> None:
-    """SIGKILL of the command while a configuration's server runs: the lifeline stops it."""
-    proc = subprocess.Popen(
-        [str(BIN), "tune", "--serve-cmd", SERVE_CMD, "--model", "load:400:20:0:10", "--tokenizer", "gguf:default",
-         "--server-param", "startup_delay_s=0", "--num-requests", "50", "--max-tokens", "400", "--no-track"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(tmp_path),
-    )  # fmt: skip
+def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:
+    """SIGKILL of the command while the second configuration's server starts: the lifeline
+    stops that server; the same command again reads the first configuration back from MLflow
+    and measures only the second."""
+    command = [str(BIN), "tune", "--serve-cmd", SERVE_CMD, "--model", MODEL, "--tokenizer", "gguf:default",
+               "--server-param", "startup_delay_s=0,6", *WORKLOAD[:6], "--json", str(tmp_path / "t.json")]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(tmp_path))
     try:
         server = None
-        deadline = time.monotonic() + 120
-        while server is None and time.monotonic() < deadline:
+        deadline = time.monotonic() + 180
+        while server is None and time.monotonic() < deadline and proc.poll() is None:
             for child in psutil.Process(proc.pid).children(recursive=True):
-                with __import__("contextlib").suppress(psutil.Error):
-                    if str(TUNE_SERVER) in " ".join(child.cmdline()):
+                with contextlib.suppress(psutil.Error):
+                    if "--startup-delay-s 6" in " ".join(child.cmdline()):
                         server = child
-            time.sleep(0.2)
-        assert server is not None, "the configuration's server never started"
-        time.sleep(2.0)  # mid-level
+            time.sleep(0.1)
+        assert server is not None, "the second configuration's server never started"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)
-        gone, alive = psutil.wait_procs([server], timeout=15)
+        _, alive = psutil.wait_procs([server], timeout=15)
         assert not alive, f"server {server.pid} outlived the killed command"
     finally:
         if proc.poll() is None:
             proc.kill()
+    again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
+    assert again.returncode == 0, again.stderr[-3000:]
+    confs = json.loads((tmp_path / "t.json").read_text())["configurations"]
+    assert [(c["status"], c["resumed"]) for c in confs] == [("FINISHED", True), ("FINISHED", False)]
+    assert confs[1]["server_startup_s"] > 6
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,17 @@ from flows.commands.common import (
     parse_slos,
     run_flow,
 )
+from flows.commands.options import (
+    ApiKeyEnvOption,
+    EngineOption,
+    InputLenOption,
+    MaxTokensOption,
+    NumRequestsOption,
+    OutputLenOption,
+    SeedOption,
+    TokenizerOption,
+    WarmupOption,
+)
 from flows.commands.stream import check_endpoint_config
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from flows.commands.workload import (
@@ -55,25 +66,17 @@ def command(
     base_url: Annotated[
         Optional[str], typer.Option(help="OpenAI-compatible base URL (…/v1); none = the embedded server.")
     ] = None,
-    engine: Annotated[
-        Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")
-    ] = None,
+    engine: EngineOption = None,
     model: Annotated[Optional[str], typer.Option(help="Model name sent (required with --base-url).")] = None,
-    api_key_env: Annotated[
-        Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")
-    ] = None,
-    tokenizer: Annotated[
-        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
-    ] = None,
+    api_key_env: ApiKeyEnvOption = None,
+    tokenizer: TokenizerOption = None,
     api: Annotated[Optional[str], typer.Option(help="chat (default) or completions.")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level.")] = None,
+    num_requests: NumRequestsOption = None,
+    warmup: WarmupOption = None,
     repeats: RepeatsOption = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request.")] = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many tokens.")] = None,
-    output_len: Annotated[
-        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
-    ] = None,
+    max_tokens: MaxTokensOption = None,
+    input_len: InputLenOption = None,
+    output_len: OutputLenOption = None,
     dataset: Annotated[
         Optional[str],
         typer.Option(
@@ -88,7 +91,7 @@ def command(
     burstiness: Annotated[
         Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")
     ] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals, prompts, dataset order.")] = None,
+    seed: SeedOption = None,
     client_processes: Annotated[Optional[int], typer.Option(help="Client processes per level.")] = None,
     client_bound_tolerance_ms: Annotated[
         Optional[float], typer.Option(help="Client-bound above this event-loop lag p99 (ms, default 1).")

@@ -30,6 +30,20 @@ from flows.commands.common import (
     rate,
     run_flow,
 )
+from flows.commands.options import (
+    ApiKeyEnvOption,
+    EngineOption,
+    GoodputOption,
+    InputLenOption,
+    MaxConcurrencyOption,
+    MaxTokensOption,
+    NumRequestsOption,
+    OutputLenOption,
+    RequestRateOption,
+    SeedOption,
+    TokenizerOption,
+    WarmupOption,
+)
 from flows.commands.tables import console, fmt_interval, fmt_value, make_table, print_run_links
 from flows.commands.workload import (
     KeepCacheOption,
@@ -114,51 +128,32 @@ def command(
         Optional[str],
         typer.Option(help="OpenAI-compatible base URL (…/v1); none = start the embedded server (--engine)."),
     ] = None,
-    engine: Annotated[
-        Optional[str], typer.Option(help="Embedded server: llamacpp (default) or vllm (needs `make vllm`).")
-    ] = None,
+    engine: EngineOption = None,
     model: Annotated[
         Optional[str], typer.Option(help="Model name sent in requests (required with --base-url).")
     ] = None,
-    api_key_env: Annotated[
-        Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")
-    ] = None,
+    api_key_env: ApiKeyEnvOption = None,
     prompt: Annotated[Optional[list[str]], typer.Option(help="A prompt (repeat for several).")] = None,
     prompts: Annotated[
         Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")
     ] = None,
-    max_tokens: Annotated[
-        Optional[int],
-        typer.Option(help="Output token limit per request (sent as max_tokens and max_completion_tokens)."),
-    ] = None,
+    max_tokens: MaxTokensOption = None,
     request_timeout_s: Annotated[
         Optional[float], typer.Option(help="Per-request timeout in seconds.")
     ] = None,
-    tokenizer: Annotated[
-        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
-    ] = None,
-    max_concurrency: Annotated[
-        Optional[str], typer.Option(help="Concurrency levels, e.g. 1,4,16,64.")
-    ] = None,
-    request_rate: Annotated[
-        Optional[str], typer.Option(help="Request rates in requests/s, e.g. 2,8,inf.")
-    ] = None,
+    tokenizer: TokenizerOption = None,
+    max_concurrency: MaxConcurrencyOption = None,
+    request_rate: RequestRateOption = None,
     burstiness: Annotated[
         Optional[float], typer.Option(help="Gamma shape of the arrivals: 1 = Poisson.")
     ] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals and synthetic prompts.")] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
-    warmup: Annotated[
-        Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")
-    ] = None,
+    seed: SeedOption = None,
+    num_requests: NumRequestsOption = None,
+    warmup: WarmupOption = None,
     repeats: RepeatsOption = None,
-    goodput: Annotated[Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50.")] = None,
-    input_len: Annotated[
-        Optional[int], typer.Option(help="Synthetic prompts of this many random tokens.")
-    ] = None,
-    output_len: Annotated[
-        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
-    ] = None,
+    goodput: GoodputOption = None,
+    input_len: InputLenOption = None,
+    output_len: OutputLenOption = None,
     client_processes: Annotated[
         Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")
     ] = None,

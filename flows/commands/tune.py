@@ -25,6 +25,19 @@ from flows.commands.common import (
     rate,
     run_flow,
 )
+from flows.commands.options import (
+    ApiKeyEnvOption,
+    EngineOption,
+    InputLenOption,
+    MaxConcurrencyOption,
+    MaxTokensOption,
+    NumRequestsOption,
+    OutputLenOption,
+    RequestRateOption,
+    SeedOption,
+    TokenizerOption,
+    WarmupOption,
+)
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from flows.commands.workload import RepeatsOption, check_dataset
 from tasks.config import TuneFlowConfig
@@ -37,9 +50,7 @@ def command(
             help="NAME=V1,V2: a server parameter's values (repeat for more; the grid is their product)."
         ),
     ] = None,
-    engine: Annotated[
-        Optional[str], typer.Option(help="Embedded engine: llamacpp (default) or vllm (needs `make vllm`).")
-    ] = None,
+    engine: EngineOption = None,
     serve_cmd: Annotated[
         Optional[str],
         typer.Option(
@@ -47,12 +58,8 @@ def command(
         ),
     ] = None,
     model: Annotated[Optional[str], typer.Option(help="Model name sent (with --serve-cmd).")] = None,
-    tokenizer: Annotated[
-        Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")
-    ] = None,
-    api_key_env: Annotated[
-        Optional[str], typer.Option(help="NAME of the variable holding your server's key (with --serve-cmd).")
-    ] = None,
+    tokenizer: TokenizerOption = None,
+    api_key_env: ApiKeyEnvOption = None,
     yes: Annotated[bool, typer.Option("--yes", help="Run a grid larger than --max-configurations.")] = False,
     max_configurations: Annotated[
         Optional[int], typer.Option(help="More configurations than this need --yes (default 64).")
@@ -63,25 +70,21 @@ def command(
     capacity: Annotated[
         bool, typer.Option("--capacity", help="Run the capacity search (under --goodput) per configuration.")
     ] = False,
-    max_concurrency: Annotated[Optional[str], typer.Option(help="Concurrency levels, e.g. 1,8.")] = None,
-    request_rate: Annotated[
-        Optional[str], typer.Option(help="Request rates (req/s, inf), e.g. 2,inf.")
-    ] = None,
-    num_requests: Annotated[Optional[int], typer.Option(help="Measured requests per level.")] = None,
-    warmup: Annotated[Optional[int], typer.Option(help="Warm-up requests per level.")] = None,
+    max_concurrency: MaxConcurrencyOption = None,
+    request_rate: RequestRateOption = None,
+    num_requests: NumRequestsOption = None,
+    warmup: WarmupOption = None,
     repeats: RepeatsOption = None,
-    max_tokens: Annotated[Optional[int], typer.Option(help="Output token limit per request.")] = None,
-    input_len: Annotated[Optional[int], typer.Option(help="Synthetic prompts of this many tokens.")] = None,
-    output_len: Annotated[
-        Optional[int], typer.Option(help="Ask for exactly this many output tokens (ignore_eos).")
-    ] = None,
+    max_tokens: MaxTokensOption = None,
+    input_len: InputLenOption = None,
+    output_len: OutputLenOption = None,
     dataset: Annotated[
         Optional[str], typer.Option(help="Workload file: sharegpt:PATH or jsonl:PATH.")
     ] = None,
     goodput: Annotated[
         Optional[str], typer.Option(help="SLOs, e.g. ttft_ms:500,tpot_ms:50 (ranks the best).")
     ] = None,
-    seed: Annotated[Optional[int], typer.Option(help="Seed of the arrivals and synthetic prompts.")] = None,
+    seed: SeedOption = None,
     startup_timeout_s: Annotated[
         Optional[float], typer.Option(help="Seconds a server may take to become healthy.")
     ] = None,

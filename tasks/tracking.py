@@ -47,6 +47,7 @@ from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_par
     default_tracking_uri,
     finite_metrics,
     flatten_params,
+    open_experiment,
     run_dict,
     runs_table_url,
     ui_command,
@@ -123,18 +124,10 @@ class Tracker:
                 self._write("experiment", {}, self._open_experiment)
 
     def _open_experiment(self) -> None:
-        """Find or create the experiment (tagged with :data:`EXPERIMENT_KIND`)."""
-        found = self._client.get_experiment_by_name(self.experiment)
-        if found is None:
-            self._experiment_id = self._client.create_experiment(
-                self.experiment,
-                artifact_location=artifact_root_for(self.tracking_uri),
-                tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND},
-            )
-        else:
-            self._experiment_id = found.experiment_id
-            if EXPERIMENT_KIND_TAG not in found.tags:  # made before; a user's choice stays
-                self._client.set_experiment_tag(self._experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+        """Find or create the experiment (``tasks.tracking_values.open_experiment``)."""
+        self._experiment_id = open_experiment(
+            self._client, self.experiment, artifact_root_for(self.tracking_uri)
+        )
 
     @property
     def offline(self) -> bool:

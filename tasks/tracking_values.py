@@ -135,3 +135,27 @@ def runs_table_url(uri: str, experiment_id: str | None) -> str | None:
         return None
     base = uri.rstrip("/") if uri.startswith("http") else f"http://127.0.0.1:{UI_PORT}"
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType={UI_WORKFLOW}"
+
+
+def open_experiment(client: Any, name: str, artifact_location: str | None) -> str:
+    """The id of experiment ``name`` of ``client``'s store (an ``MlflowClient``), created
+    (tagged with :data:`EXPERIMENT_KIND`) when missing, tagged when made before without it.
+    Two commands started together (two audits on a new store) race to create it: the loser's
+    create fails (RESOURCE_ALREADY_EXISTS) and it takes the winner's.
+
+    Raises:
+        MlflowException: the create failed and the experiment is still not there.
+    """
+    found = client.get_experiment_by_name(name)
+    if found is None:
+        try:
+            return client.create_experiment(
+                name, artifact_location=artifact_location, tags={EXPERIMENT_KIND_TAG: EXPERIMENT_KIND}
+            )
+        except Exception:  # noqa: BLE001 - MlflowException, but this module does not import mlflow
+            found = client.get_experiment_by_name(name)
+            if found is None:
+                raise
+    if EXPERIMENT_KIND_TAG not in found.tags:  # made before; a user's choice stays
+        client.set_experiment_tag(found.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    return found.experiment_id

@@ -6,6 +6,10 @@ imported by any entry point (the CLI, `infermeter serve`, the tests).
 
 import os
 
+from tasks.phases import mark
+
+mark("interpreter_ready")  # the first of our modules any entry point imports
+
 for _name, _value in {
     "DO_NOT_TRACK": "true",
     "MLFLOW_DISABLE_TELEMETRY": "true",

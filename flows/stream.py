@@ -26,6 +26,9 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
 
     Raises:
         tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
+    from tasks.phases import mark
+
+    mark("flow_body")
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.report import summary as report
@@ -63,7 +66,9 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
             kind,
             title="infermeter stream",
         )
+        mark("flow_finish")
         run.finish(result["headline"], summary, result["error"])
+    mark("flow_body_end")
     return {**result, **run.links()}
 
 

@@ -56,6 +56,9 @@ def _terminate(signum, frame):
 
 def main() -> None:
     from flows.commands.helptext import show_config_defaults
+    from tasks.phases import mark
+
+    mark("cli_imported")
 
     signal.signal(signal.SIGTERM, _terminate)
     if signal.getsignal(signal.SIGINT) is signal.default_int_handler:  # not where SIGINT is ignored
@@ -66,6 +69,7 @@ def main() -> None:
         from flows.commands.common import closing_lines, interrupted
 
         code = closing_lines(exc.code)
+        mark("main_end")
         if interrupted() and code not in (0, None):
             _exit_now(code)
         raise SystemExit(code) from None

@@ -240,13 +240,18 @@ def run_flow(
 
     from flows.commands.prefect_api import prefect_api
     from flows.runs import latest_workdir
+    from tasks.phases import mark
 
+    mark("preflight")
     # before anything runs: a dead tracking server or Prefect API would cost minutes of retries
     # (the --json path is checked when the option is parsed: JsonOption)
     preflight(track=kwargs.get("track", True))
     try:
+        mark("prefect_api")
         with prefect_api():
+            mark("flow_call")
             state = flow(*args, return_state=True, **kwargs)
+            mark("flow_returned")
     except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, or SIGTERM (flows.commands.app)
         code = interrupted_exit_code(getattr(exc, "signal", None))
         if not _SIGNALS:  # Prefect's handler took it and did not pass it on: the exit says which
@@ -259,6 +264,7 @@ def run_flow(
             highlight=False,
         )
         raise typer.Exit(code) from None
+    mark("prefect_api_closed")
     result = state.result(raise_on_failure=False)
     report_tracking_journal((result.get("workdir") if isinstance(result, dict) else None) or latest_workdir())
     if not isinstance(result, dict):

@@ -13,6 +13,7 @@ from tasks.config import StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
+from tasks.phases import mark
 from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
 from tasks.stats.interval import with_intervals
@@ -52,7 +53,9 @@ def stream_stage(
     """
     # a named key missing from the environment fails here
     connection = Connection.of(endpoint, cfg.arrival_clock)
+    mark("stage_start")
     with StageRun(target, "stream", parent_run_id, endpoint.identity()) as run:
+        mark("tokenizer")
         tokenizer = load_tokenizer(endpoint.tokenizer)
         workload = stage_workload(cfg, tokenizer, salt=run_salt(cfg))
         workdir_path = Path(workdir)
@@ -99,6 +102,7 @@ def stream_stage(
             log_timeline(run.tracker, child, level, cfg.slice_s, workdir_path / "timeline")
             run.tracker.end_run(child, end_time_ms=end_ms)
 
+        mark("levels")
         with RecordWriter(journal) as writer:
             done = run_levels(
                 connection,
@@ -110,6 +114,7 @@ def stream_stage(
                 on_level=log_level,
                 logger=stage_logger("stream"),
             )
+        mark("stage_records")
         levels = [level.to_dict() for level in done]
         requests_path, tokens_path = workdir_path / "requests.parquet", workdir_path / "tokens.parquet"
         write_parquet([r for level in done for r in level.records], requests_path, tokens_path)

@@ -37,6 +37,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tasks.phases import mark
 from tasks.stream.client import fill_output_tokens
 from tasks.stream.load import LevelResult, connect, run_level
 from tasks.stream.quality import client_figures
@@ -107,6 +108,7 @@ def _child(
         try:
             if warmup is not None:
                 await run_level(client, warmup, count_tokens=None, on_record=send)
+            mark("client_process_ready")
             out.put(("ready", k))
             go.wait()  # nothing is in flight: blocking this loop costs no measurement
             return await run_level(
@@ -122,6 +124,7 @@ def _child(
 
     threading.Thread(target=_exit_with_parent, daemon=True, name="parent-watch").start()
     try:
+        mark("client_process_started")
         out.put(("started", k))
         result = asyncio.run(main())
         done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
@@ -166,6 +169,7 @@ def run_level_processes(
     # Each process: its share of the concurrency, no warm-up of its own, the prompts (and
     # everything that belongs to them) continuing after the warm-up's.
     share = settings.after_warmup()
+    mark("client_processes_start")
     ctx = mp.get_context("spawn")
     out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     children = []

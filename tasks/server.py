@@ -209,7 +209,7 @@ def _log_tail(log_path: Path, lines: int = 20) -> str:
     return "\n".join(text.splitlines()[-lines:])
 
 
-def _wait_healthy(
+def wait_healthy(
     name: str,
     url: str,
     api_key: str | None,
@@ -218,6 +218,12 @@ def _wait_healthy(
     log_path: Path,
     timeout_hint: str,
 ) -> None:
+    """Poll ``url`` until it answers 200 (the started server ``proc``, named ``name``).
+
+    Raises:
+        ServerStartError: ``proc`` exited first, or ``timeout_s`` passed (with ``timeout_hint``);
+            the message ends with ``log_path``'s last lines.
+    """
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     request = urllib.request.Request(url, headers=headers)
     deadline = time.monotonic() + timeout_s
@@ -233,7 +239,7 @@ def _wait_healthy(
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass
-        time.sleep(0.2)
+        time.sleep(0.05)
     raise ServerStartError(
         f"{name} not healthy after {timeout_s:.0f} s{f' ({timeout_hint})' if timeout_hint else ''}; "
         f"its log ({log_path}) ends:\n{_log_tail(log_path)}"
@@ -382,7 +388,7 @@ def background_server(
     finally:
         os.close(watch)
     try:
-        _wait_healthy(name, health_url, api_key, proc, startup_timeout_s, log_path, timeout_hint)
+        wait_healthy(name, health_url, api_key, proc, startup_timeout_s, log_path, timeout_hint)
         yield proc
     finally:
         try:

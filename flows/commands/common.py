@@ -202,6 +202,13 @@ def preflight(track: bool, prefect: bool = True) -> None:
     if track and tracking_uri.startswith("http"):
         checks.append(("MLflow tracking server", tracking_uri.rstrip("/") + "/health", "MLFLOW_TRACKING_URI"))
     prefect_api = os.environ.get("PREFECT_API_URL") if prefect else None
+    if prefect and not prefect_api:
+        from flows.prefect_server import idle_limit_s
+
+        try:
+            idle_limit_s()
+        except ValueError as exc:
+            fail_input(str(exc))
     if prefect_api:
         checks.append(("Prefect API", prefect_api.rstrip("/") + "/health", "PREFECT_API_URL"))
     for what, url, variable in checks:

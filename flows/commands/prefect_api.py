@@ -1,12 +1,20 @@
 """The Prefect API a CLI command runs its flow against.
 
-With ``PREFECT_API_URL`` set (a ``prefect server start`` of the user's, or Prefect Cloud), that
-one. Without it Prefect would start its own temporary server on the first API call, as a child
-in our process group: a Ctrl-C at the terminal then stops that server too, and Prefect's client
-spends minutes retrying it to report the interrupted run before the command exits. So the
-command starts the same temporary server itself (the same uvicorn app and settings as
-``prefect.server.api.server.SubprocessASGIServer``), in its own session: a Ctrl-C reaches only
-the command, the flow run is marked as interrupted, and then the server is stopped.
+1. With ``PREFECT_API_URL`` set (a ``prefect server start`` of the user's, or Prefect Cloud),
+   that one.
+2. Otherwise infermeter's local server of this ``PREFECT_HOME`` (:mod:`flows.prefect_server`):
+   started by the first command, reused by the next ones, stopped after it has been idle
+   ``INFERMETER_PREFECT_IDLE_S`` seconds. This saves the 6-8 s (17 s more on a fresh
+   database) that a temporary server costs every command.
+3. With ``INFERMETER_PREFECT_IDLE_S=0``, a temporary server for this command alone. Prefect
+   would start one itself on the first API call, as a child in our process group: a Ctrl-C at
+   the terminal then stops that server too, and Prefect's client spends minutes retrying it to
+   report the interrupted run before the command exits. So the command starts the same
+   temporary server itself (the same uvicorn app and settings as
+   ``prefect.server.api.server.SubprocessASGIServer``), in its own session: a Ctrl-C reaches
+   only the command, the flow run is marked as interrupted, and then the server is stopped.
+
+Both servers of our own run in their own session, so an interrupted flow run is still reported.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+
+from flows.prefect_server import IDLE_ENV, ensure_server, idle_limit_s
 
 __all__ = ["STARTUP_TIMEOUT_S", "prefect_api"]
 
@@ -30,22 +40,50 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     """Yield the API URL flows run against inside the block.
 
     Raises:
-        tasks.server.ServerStartError: the temporary server did not start (the message ends
-            with its log).
+        tasks.server.ServerStartError: the local or temporary server did not start (the
+            message ends with its log).
+        ValueError: ``INFERMETER_PREFECT_IDLE_S`` is not a number >= 0.
     """
     import prefect
     from prefect.settings import (
         PREFECT_API_URL,
+        PREFECT_HOME,
         PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        PREFECT_UI_URL,
         get_current_settings,
-        temporary_settings,
     )
 
     from tasks.server import background_server, free_port
 
     if PREFECT_API_URL.value():
         yield PREFECT_API_URL.value()
+        return
+    env = {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        # what Prefect's own temporary server sets: no UI, the local ephemeral database
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+    # Prefect's default (20 s) is too short on a busy 2-core machine, where a fresh database's
+    # migrations alone took longer (seen in tests and a first audit); a dead server still fails
+    # at once (the start watches the process). A value the user set is kept.
+    user_set = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ
+    timeout_s = startup_timeout_s or (
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if user_set else STARTUP_TIMEOUT_S
+    )
+    if idle_limit_s() > 0:
+        home = Path(PREFECT_HOME.value()).expanduser()
+        server, started = ensure_server(home, env, timeout_s)
+        if started:
+            print(
+                f"Prefect: started infermeter's local API server ({server.url}, database in {home}); "
+                f"later commands reuse it; it stops after {idle_limit_s():.0f} s idle "
+                f"({IDLE_ENV} sets that, 0 turns it off)",
+                file=sys.stderr,
+            )
+        with _api(server.url):
+            yield server.url
         return
     port = free_port()
     command = [
@@ -65,23 +103,8 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         "--lifespan",
         "on",
     ]
-    env = {
-        **os.environ,
-        **get_current_settings().to_environment_variables(exclude_unset=True),
-        # what Prefect's own temporary server sets: no UI, the local ephemeral database
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-    }
     url = f"http://127.0.0.1:{port}/api"
     log_path = Path(tempfile.mkdtemp(prefix="infermeter-prefect-")) / "prefect_server.log"
-    # Prefect's default (20 s) is too short on a busy 2-core machine, where a fresh database's
-    # migrations alone took longer (seen in tests and a first audit); a dead server still fails
-    # at once (background_server watches the process). A value the user set is kept.
-    user_set = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ
-    timeout_s = startup_timeout_s or (
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if user_set else STARTUP_TIMEOUT_S
-    )
     with background_server(
         "Prefect's temporary API server",
         command,
@@ -90,17 +113,25 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         startup_timeout_s=timeout_s,
         log_path=log_path,
         timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
-    ):
-        # no UI URL: Prefect would log "View at http://127.0.0.1:PORT/runs/..." for a server
-        # (without a UI) that is gone when the command ends; a lasting PREFECT_API_URL keeps it
-        with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
-            try:
-                yield url
-            finally:
-                # logs and events still queued go out while the server is up (after it stops,
-                # the workers would retry a dead URL at exit)
-                from prefect.events.worker import EventsWorker
-                from prefect.logging.handlers import APILogWorker
+    ), _api(url):
+        yield url
 
-                for worker in (APILogWorker, EventsWorker):
-                    worker.drain_all(timeout=5)
+
+@contextlib.contextmanager
+def _api(url: str) -> Iterator[None]:
+    """Flows in the block call ``url``; the logs and events they queued are sent before it ends."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+
+    # no UI URL: Prefect would log "View at http://127.0.0.1:PORT/runs/..." for a server
+    # without a UI; a lasting PREFECT_API_URL (a `prefect server start`) keeps it
+    with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
+        try:
+            yield
+        finally:
+            # logs and events still queued go out while the server is up (after a temporary
+            # one stops, the workers would retry a dead URL at exit)
+            from prefect.events.worker import EventsWorker
+            from prefect.logging.handlers import APILogWorker
+
+            for worker in (APILogWorker, EventsWorker):
+                worker.drain_all(timeout=5)

@@ -175,7 +175,7 @@ def ensure_server(home: Path, env: dict[str, str], startup_timeout_s: float) -> 
         tasks.server.ServerStartError: a new server exited or did not answer within
             ``startup_timeout_s`` seconds (the message ends with its log's last lines).
     """
-    from tasks.server import ServerStartError, wait_healthy, free_port
+    from tasks.server import ServerStartError, free_port, wait_healthy
 
     with _locked(home):
         server = running_server(home)
@@ -186,7 +186,16 @@ def ensure_server(home: Path, env: dict[str, str], startup_timeout_s: float) -> 
         port = free_port()
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "flows.prefect_server", "--home", str(home), "--port", str(port)],
+                [
+                    sys.executable,
+                    "-P",
+                    "-m",
+                    "flows.prefect_server",
+                    "--home",
+                    str(home),
+                    "--port",
+                    str(port),
+                ],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -25,7 +25,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from tasks.config import TrackingConfig
-from tasks.environment import environment_tags
+from tasks.environment import TORCH_FLOWS, environment_tags
 from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
 
@@ -105,7 +105,7 @@ class ParentRun:
 def _tags(flow_name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
     """The parent run's tags: the environment, the Prefect flow run, ``flow`` and ``extra``."""
     return {
-        **environment_tags(),
+        **environment_tags(torch_facts=flow_name in TORCH_FLOWS),
         "prefect_flow_run_id": str(flow_run.get_id() or ""),
         "prefect_flow_run_name": str(flow_run.get_name() or ""),
         "flow": flow_name,

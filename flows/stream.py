@@ -29,6 +29,9 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     from tasks.phases import mark
 
     mark("flow_body")
+    from tasks.stream.multiproc import start_fork_server
+
+    start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.report import summary as report

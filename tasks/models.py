@@ -213,16 +213,96 @@ def _drop_gguf_quantization_config(config_path: Path) -> None:
 
 
 def load_tokenizer(spec: str):
-    """The model's tokenizer (a transformers tokenizer), offline for GGUF sources.
+    """The model's tokenizer, offline for GGUF sources: a :class:`BackendTokenizer` where the
+    folder's tokenizer is a plain ``tokenizers`` one (the packaged SmolLM2's is), else a
+    transformers tokenizer.
 
     For ``arch:`` sources: a tokenizer that only makes prompt ids (see :func:`arch_tokenizer`).
     """
-    from transformers import AutoTokenizer
-
     source = resolve(spec)
     if source.kind == "arch":
         return arch_tokenizer(int(text_config(model_config(spec)).vocab_size))
-    return AutoTokenizer.from_pretrained(hf_folder(source))
+    folder = hf_folder(source)
+    light = BackendTokenizer.load(folder) if Path(folder).is_dir() else None
+    if light is not None:
+        return light
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
+
+
+class BackendTokenizer:
+    """The part of transformers' ``TokenizersBackend`` that prompts and token counts use, on
+    the ``tokenizers`` library alone: importing transformers (and the torch it pulls in) cost
+    2-4 s of every stream and sweep command on a 2-core machine, for a tokenizer that is
+    ``tokenizers.Tokenizer`` underneath. Same results, by construction and by test
+    (tests/test_tokenizers.py compares it with ``AutoTokenizer`` on ids, texts, length and
+    special ids):
+
+    - ``encode(text, add_special_tokens=False)`` -> ``list[int]``: the backend's ids;
+    - ``decode(ids, skip_special_tokens=False)`` -> ``str``: the backend's decode (transformers
+      adds a space clean-up only when ``clean_up_tokenization_spaces`` is set: such folders are
+      left to transformers, see :meth:`load`);
+    - ``len(tokenizer)``: the vocabulary with added tokens;
+    - ``all_special_ids``: the named special tokens' ids (``bos``, ``eos``, ``unk``, ``sep``,
+      ``pad``, ``cls``, ``mask``) and the extra special tokens', in transformers' order.
+    """
+
+    #: tokenizer_config.json keys that change nothing the backend does with
+    #: ``add_special_tokens=False`` (any other key: transformers loads the folder).
+    PLAIN_KEYS = frozenset(
+        {
+            "backend", "tokenizer_class", "is_local", "local_files_only", "model_max_length",
+            "bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+            "extra_special_tokens", "additional_special_tokens", "clean_up_tokenization_spaces",
+            "chat_template", "added_tokens_decoder", "padding_side", "truncation_side",
+            "model_input_names", "add_bos_token", "add_eos_token",
+        }
+    )  # fmt: skip
+    #: transformers' SPECIAL_TOKENS_ATTRIBUTES, in its order.
+    NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+    def __init__(self, backend, special_tokens: list[str]) -> None:
+        self._backend = backend
+        self.all_special_tokens = special_tokens
+        self.all_special_ids = [backend.token_to_id(token) for token in special_tokens]
+
+    @classmethod
+    def load(cls, folder: str | Path) -> BackendTokenizer | None:
+        """The folder's tokenizer, or None when transformers would do more than the backend:
+        no ``tokenizer.json``, another tokenizer class, a space clean-up, a special token
+        given as an object, or a file that does not read."""
+        folder = Path(folder)
+        try:
+            config = json.loads((folder / "tokenizer_config.json").read_text(encoding="utf-8"))
+            if config.get("tokenizer_class") not in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+                return None
+            if set(config) - cls.PLAIN_KEYS:  # a setting that may change encoding or decoding
+                return None
+            if config.get("clean_up_tokenization_spaces") or not (folder / "tokenizer.json").is_file():
+                return None
+            extra = config.get("extra_special_tokens") or config.get("additional_special_tokens") or []
+            named = [config.get(name) for name in cls.NAMED if config.get(name) is not None]
+            if not isinstance(extra, list) or not all(isinstance(t, str) for t in [*named, *extra]):
+                return None
+            from tokenizers import Tokenizer
+
+            backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+        except Exception:  # any doubt (a file, the library, its format): transformers decides
+            return None
+        special = list(dict.fromkeys([*named, *extra]))
+        if any(backend.token_to_id(token) is None for token in special):
+            return None
+        return cls(backend, special)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        return self._backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def __len__(self) -> int:
+        return self._backend.get_vocab_size(with_added_tokens=True)
 
 
 def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layers: int | None = None):

@@ -65,32 +65,39 @@ def main() -> None:
         signal.signal(signal.SIGINT, _terminate)
     try:
         show_config_defaults(typer.main.get_command(app))(prog_name="infermeter")
-    except SystemExit as exc:  # the lines a command keeps for its very end (a lost tracking server)
-        from flows.commands.common import closing_lines, interrupted
+    except SystemExit as exc:  # click ends every command with one, success included
+        from flows.commands.common import closing_lines  # a lost tracking server's last lines
 
         code = closing_lines(exc.code)
         mark("main_end")
-        if interrupted() and code not in (0, None):
-            _exit_now(code)
-        raise SystemExit(code) from None
+        _exit_now(code)
 
 
-def _exit_now(code: int) -> None:
-    """End an interrupted command at once: its runs are marked and its servers stopped (the
-    ``with`` blocks have unwound), so flush the output, run the exit handlers (Prefect's log
-    and event workers drain there), and skip the interpreter's teardown of its modules, which
-    took 4-5 s of the exit after a signal here (torch, transformers, MLflow and Prefect
-    loaded; measured with gdb: ``finalize_modules``' garbage collection)."""
+def _exit_now(code: int | str | None) -> None:
+    """End the command once its work is safe: its runs are ended or marked and its servers
+    stopped (the ``with`` blocks have unwound, on success, failure or a signal alike). So wait
+    for the threads that still work (as the interpreter would), run the exit handlers
+    (Prefect's log and event workers, MLflow's async logging drain there), flush the output,
+    and skip the interpreter's teardown of its modules: 1.4-2.7 s of a 4-request stream's exit
+    (tests/benchmarks/command_phases.py), 4-5 s after a signal with torch, transformers, MLflow
+    and Prefect loaded (measured with gdb: ``finalize_modules``' garbage collection)."""
     import atexit
     import os
     import sys
+    import threading
 
+    if isinstance(code, str):  # SystemExit("message"): Python prints it and exits 1
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
     for output in (sys.stdout, sys.stderr):
         output.flush()
     atexit._run_exitfuncs()
     for output in (sys.stdout, sys.stderr):
         output.flush()
-    os._exit(code)
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -105,15 +105,18 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     ]
     url = f"http://127.0.0.1:{port}/api"
     log_path = Path(tempfile.mkdtemp(prefix="infermeter-prefect-")) / "prefect_server.log"
-    with background_server(
-        "Prefect's temporary API server",
-        command,
-        env,
-        f"{url}/health",
-        startup_timeout_s=timeout_s,
-        log_path=log_path,
-        timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
-    ), _api(url):
+    with (
+        background_server(
+            "Prefect's temporary API server",
+            command,
+            env,
+            f"{url}/health",
+            startup_timeout_s=timeout_s,
+            log_path=log_path,
+            timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
+        ),
+        _api(url),
+    ):
         yield url
 
 

@@ -12,8 +12,8 @@ from tasks import metrics
 from tasks.config import StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
-from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.phases import mark
+from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
 from tasks.stats.interval import with_intervals

@@ -27,12 +27,9 @@ killed and recorded as ``PointTimedOut: ...``; the sweep goes on.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import multiprocessing
 import signal
-import sys
-import types
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any
@@ -40,6 +37,7 @@ from typing import Any
 import torch
 
 from tasks.arch import parameter_count
+from tasks.bare_main import bare_main
 from tasks.models import load_model, model_config, resolve
 from tasks.profile.grid import ProfilePoint, steps_swept
 from tasks.profile.limits import child_time_limit_s, hang_for_test, receive_or_kill
@@ -161,26 +159,6 @@ def _point_in_child(
     conn.close()
 
 
-@contextlib.contextmanager
-def _bare_main():
-    """Hide the main module from ``multiprocessing`` while a spawn child starts.
-
-    A spawn child re-runs the parent's main module (as ``__mp_main__``) so that targets defined
-    there can be found. The target here lives in this module, so that re-run buys nothing and
-    costs much: under the ``infermeter`` script it imports prefect and the CLI into a child that
-    may be short of memory, and a script without an ``if __name__ == "__main__":`` guard would
-    start its sweep again in the child. An empty ``__main__`` (no ``__file__``, no ``__spec__``)
-    while ``start()`` gathers the child's preparation data makes the child skip it.
-    """
-    main = sys.modules.get("__main__")
-    sys.modules["__main__"] = types.ModuleType("__main__")
-    try:
-        yield
-    finally:
-        if main is not None:
-            sys.modules["__main__"] = main
-
-
 def _run_in_child(
     spec: str,
     point: ProfilePoint,
@@ -204,7 +182,7 @@ def _run_in_child(
         name=f"infermeter profile {point.label(True)}",
         daemon=True,
     )
-    with _bare_main():
+    with bare_main():
         child.start()
     send.close()  # the child holds the only write end: its death ends recv() with EOFError
     try:

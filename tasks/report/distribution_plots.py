@@ -1,7 +1,7 @@
 """The sampler's view as a PNG (matplotlib, Agg backend): one bar chart per decode step (rows)
 and temperature (columns) of the top next tokens' probabilities, the tokens the tightest top_p
 nucleus keeps in a darker colour. Takes the rows of
-:meth:`tasks.sweep.distribution.StepDistribution.to_dict`. Imports only matplotlib.
+:meth:`tasks.sweep.distribution.StepDistribution.to_dict`. Imports only matplotlib (through :mod:`tasks.report.plots`).
 """
 
 from __future__ import annotations
@@ -10,10 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+from tasks.report.plots import plt  # matplotlib.pyplot (Agg), imported at the first plot
 
 __all__ = ["sampler_view"]
 

@@ -16,18 +16,14 @@ a folder and return the paths they wrote. They take the stage's JSON shapes (a l
 
 from __future__ import annotations
 
+import functools
 import logging
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import polars as pl  # noqa: E402
-from matplotlib import font_manager  # noqa: E402
+import polars as pl
 
 # Chinese prompts label some charts. Where a CJK font is installed (Debian's fonts-wqy-zenhei,
 # Noto CJK) it is added as a fallback after DejaVu Sans; where none is, missing glyphs are drawn
@@ -35,15 +31,50 @@ from matplotlib import font_manager  # noqa: E402
 # font installed after it was built, so Debian's WenQuanYi file is added by path when missing.
 _CJK_NAMES = ("WenQuanYi Zen Hei", "Noto Sans CJK SC", "Noto Sans CJK JP", "Droid Sans Fallback")
 _WQY_PATH = Path("/usr/share/fonts/truetype/wqy/wqy-zenhei.ttc")
-if not any(f.name in _CJK_NAMES for f in font_manager.fontManager.ttflist) and _WQY_PATH.exists():
-    font_manager.fontManager.addfont(str(_WQY_PATH))
-_CJK = [f.name for f in font_manager.fontManager.ttflist if f.name in _CJK_NAMES]
-# Set where the text is drawn (rc_context), not once at import: another library resetting
-# matplotlib's rcParams in the same process must not take the fallback away.
-# Fallback works across the names in font.family, not across the font.sans-serif list. (The
-# font manager logs a notice per draw that WenQuanYi has no "normal" weight, only "medium".)
-logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
-_FONTS = {"font.family": ["DejaVu Sans", *dict.fromkeys(_CJK)]}
+
+
+@functools.cache
+def _pyplot() -> Any:
+    """``matplotlib.pyplot`` on the Agg backend, with the CJK fonts found: imported at the first
+    plot, not with this module (0.7 s that a ``--no-track`` command, which draws nothing, does
+    not pay)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as pyplot
+    from matplotlib import font_manager
+
+    if not any(f.name in _CJK_NAMES for f in font_manager.fontManager.ttflist) and _WQY_PATH.exists():
+        font_manager.fontManager.addfont(str(_WQY_PATH))
+    # (The font manager logs a notice per draw that WenQuanYi has no "normal" weight, only "medium".)
+    logging.getLogger("matplotlib.font_manager").setLevel(logging.ERROR)
+    return pyplot
+
+
+@functools.cache
+def _cjk_fonts() -> tuple[str, ...]:
+    from matplotlib import font_manager
+
+    _pyplot()
+    return tuple(dict.fromkeys(f.name for f in font_manager.fontManager.ttflist if f.name in _CJK_NAMES))
+
+
+def _fonts() -> dict[str, list[str]]:
+    """The font rc to draw text with. Set where the text is drawn (rc_context), not once at
+    import: another library resetting matplotlib's rcParams in the same process must not take
+    the fallback away. Fallback works across the names in font.family, not across the
+    font.sans-serif list."""
+    return {"font.family": ["DejaVu Sans", *_cjk_fonts()]}
+
+
+class _LazyPyplot:
+    """``plt`` for this package's plot modules: ``matplotlib.pyplot``, imported on first use."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(_pyplot(), name)
+
+
+plt: Any = _LazyPyplot()
 
 
 def rate_label(request_rate: float | None) -> str:
@@ -196,8 +227,8 @@ def token_count_bars(rows: Sequence[dict[str, Any]], path: str | Path) -> Path:
     texts = list(dict.fromkeys(r["text"] for r in rows))
     counts = {(r["tokenizer"], r["text"]): r["token_count"] for r in rows}
     width = 0.8 / max(len(names), 1)
-    with plt.rc_context(_FONTS), warnings.catch_warnings():
-        if not _CJK:  # missing glyphs are drawn as boxes, not warned about one by one
+    with plt.rc_context(_fonts()), warnings.catch_warnings():
+        if not _cjk_fonts():  # missing glyphs are drawn as boxes, not warned about one by one
             warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from font", category=UserWarning)
         fig, ax = plt.subplots(figsize=(max(6, 1.2 * len(texts) * max(1, len(names) / 2)), 4.2))
         for i, name in enumerate(names):

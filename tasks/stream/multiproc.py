@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tasks.bare_main import bare_main
 from tasks.phases import mark
 from tasks.stream.client import fill_output_tokens
 from tasks.stream.load import LevelResult, connect, run_level
@@ -228,7 +229,8 @@ def run_level_processes(
             name=f"infermeter-client-{k}",
             daemon=True,
         )
-        child.start()
+        with bare_main():  # the CLI script is not re-run in the child (tasks.bare_main)
+            child.start()
         children.append(child)
 
     measured: list[RequestRecord] = []

@@ -37,6 +37,7 @@ import contextlib
 import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -123,13 +124,18 @@ def _answers(url: str, timeout_s: float = 2.0) -> bool:
 
 
 def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return True  # no /proc: kill(0) said it is there
 
 
 def _this_prefect() -> tuple[str, str]:
@@ -225,8 +231,6 @@ def ensure_server(home: Path, env: dict[str, str], startup_timeout_s: float) -> 
 def stop_server(home: Path, timeout_s: float = 20.0) -> bool:
     """Stop ``home``'s local server, if one runs (SIGTERM; it removes its state file).
     Returns whether one was running."""
-    import signal
-
     state = _read_state(home)
     if state is None or not _alive(state.pid):
         _paths(home)[0].unlink(missing_ok=True)
@@ -310,6 +314,14 @@ def main(argv: list[str] | None = None) -> None:
         uvicorn.Config(activity, host="127.0.0.1", port=args.port, log_level="error", lifespan="on")
     )
     threading.Thread(target=_watch, args=(server, activity, args.home, idle_s), daemon=True).start()
+
+    def stop(signum, frame):
+        # uvicorn shuts down on SIGTERM/SIGINT, then restores the handlers it found and sends
+        # the signal again: this one turns it into an exit that runs the clean-up below
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
     try:
         server.run()
     finally:

@@ -1,5 +1,5 @@
-"""Session fixtures: a real MLflow SQLite store and a real (temporary) Prefect server, both in
-temporary folders, so the tests never touch the user's mlruns/ or ~/.prefect."""
+"""Session fixtures: a real MLflow SQLite store and a real Prefect API server (one for the
+session), both in temporary folders, so the tests never touch the user's mlruns/ or ~/.prefect."""
 
 import os
 
@@ -22,15 +22,47 @@ def mlflow_store(tmp_path_factory):
         os.environ["MLFLOW_TRACKING_URI"] = previous
 
 
-@pytest.fixture(scope="session")
-def prefect_server(tmp_path_factory):
-    """Prefect's test harness: a real temporary Prefect server and database for the session."""
-    home = tmp_path_factory.mktemp("prefect-home")
-    os.environ["PREFECT_HOME"] = str(home)
-    from prefect.testing.utilities import prefect_test_harness
+@pytest.fixture(scope="session", autouse=True)
+def shared_prefect_api(tmp_path_factory):
+    """One real Prefect API for the whole session: infermeter's own local server
+    (``flows.prefect_server``) on a session ``PREFECT_HOME``, named by ``PREFECT_API_URL`` in
+    this process's environment, so every flow a test runs, in process or through the
+    ``infermeter`` command, records into it without starting a server of its own (a command's
+    temporary server on a fresh database cost 20-40 s; the suite ran 68 minutes). Tests of a
+    command's own server unset ``PREFECT_API_URL`` (tests/test_prefect_server.py,
+    tests/test_run_states.py). Stopped at the end, with any local server a test left behind
+    under the session's temporary folder."""
+    from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    with prefect_test_harness(server_startup_timeout=120):
-        yield
+    from flows.commands.prefect_api import local_api_url
+    from flows.prefect_server import stop_server
+
+    home = tmp_path_factory.mktemp("prefect-home")
+    previous = {name: os.environ.get(name) for name in ("PREFECT_HOME", "PREFECT_API_URL")}
+    os.environ.pop("PREFECT_API_URL", None)
+    os.environ["PREFECT_HOME"] = str(home)
+    try:
+        # the environment for the commands the tests start; the settings context for the flows
+        # they run here (Prefect read the environment once, when a test module imported it)
+        with temporary_settings(updates={PREFECT_HOME: str(home)}, restore_defaults={PREFECT_API_URL}):
+            url = local_api_url()
+            os.environ["PREFECT_API_URL"] = url
+            with temporary_settings(updates={PREFECT_API_URL: url}):
+                yield url
+    finally:
+        for state in tmp_path_factory.getbasetemp().rglob("infermeter-prefect-server.json"):
+            stop_server(state.parent)
+    for name, value in previous.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
+@pytest.fixture(scope="session")
+def prefect_server(shared_prefect_api):
+    """A real Prefect API for flows run in this process: the session's (``shared_prefect_api``)."""
+    yield shared_prefect_api
 
 
 @pytest.fixture(scope="session")

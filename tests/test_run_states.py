@@ -39,7 +39,10 @@ def _start(args: list[str], tmp_path: Path, env: dict | None = None) -> tuple[su
     """The command in its own session (a signal to it reaches only it), output to a log."""
     full_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     full_env.update(
-        PREFECT_HOME=str(tmp_path / "prefect"), INFERMETER_WORK_DIR=str(tmp_path / "w"), **(env or {})
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        INFERMETER_WORK_DIR=str(tmp_path / "w"),
+        INFERMETER_PREFECT_IDLE_S="0",  # the command's own temporary Prefect server, to watch it go
+        **(env or {}),
     )
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
@@ -66,7 +69,7 @@ def _journal_lines(tmp_path: Path) -> int:
 
 def _servers(proc: subprocess.Popen) -> list[psutil.Process]:
     """Every descendant of the command that is a server, its watcher, or a client process."""
-    names = ("prefect.server.api.server", "llama_cpp.server", "tasks.lifeline", "multiprocessing.spawn")
+    names = ("prefect.server.api.server", "llama_cpp.server", "tasks.lifeline", "multiprocessing.forkserver")
     out = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
@@ -144,7 +147,8 @@ def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     """SIGKILL (a test runner's kill, the OOM killer) of a stream against the embedded server:
     its watchers stop the llama.cpp server and the temporary Prefect API server (before: both
     stayed up for good, about 200 MB and 280 MB), and the level's client process follows its
-    parent (before: it blocked for ever at exit, flushing records into a queue nobody read)."""
+    parent (before: it blocked for ever at exit, flushing records into a queue nobody read), as
+    does the fork server it was forked from (tasks.stream.multiproc)."""
     proc, log = _start(
         ["stream", "--num-requests", "200", "--max-tokens", "16", "--warmup", "0", "--no-track"], tmp_path
     )
@@ -152,7 +156,7 @@ def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     family = _servers(proc)
     cmdlines = " ".join(" ".join(p.cmdline()) for p in family)
     assert "llama_cpp.server" in cmdlines and "prefect.server.api.server" in cmdlines
-    assert "multiprocessing.spawn" in cmdlines  # the level's client process
+    assert "multiprocessing.forkserver" in cmdlines  # the level's client process and its fork server
     os.kill(proc.pid, signal.SIGKILL)
     _assert_all_gone(family, proc)
 

@@ -569,7 +569,11 @@ def test_ctrl_c_keeps_the_records_and_exits_in_seconds(server, tmp_path) -> None
     API server it started is gone (it lives in its own session, so the Ctrl-C does not kill
     it before the interrupted run is reported)."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
-    env.update(PREFECT_HOME=str(tmp_path / "prefect"), INFERMETER_WORK_DIR=str(tmp_path / "w"))
+    env.update(
+        PREFECT_HOME=str(tmp_path / "prefect"),
+        INFERMETER_WORK_DIR=str(tmp_path / "w"),
+        INFERMETER_PREFECT_IDLE_S="0",  # the temporary server this test watches go
+    )
     log = tmp_path / "out.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -26,13 +26,61 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from flows.prefect_server import IDLE_ENV, ensure_server, idle_limit_s
+from flows.prefect_server import DEFAULT_IDLE_S, IDLE_ENV, ensure_server, idle_limit_s
 
-__all__ = ["STARTUP_TIMEOUT_S", "prefect_api"]
+__all__ = ["STARTUP_TIMEOUT_S", "local_api_url", "prefect_api"]
 
 #: How long the temporary server may take to answer /health, in seconds, unless
 #: PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS says otherwise.
 STARTUP_TIMEOUT_S = 120.0
+
+
+def _server_env() -> dict[str, str]:
+    """The environment of a Prefect API server of ours: this process's settings, and what
+    Prefect's own temporary server sets (no UI, the local ephemeral database)."""
+    from prefect.settings import get_current_settings
+
+    return {
+        **os.environ,
+        **get_current_settings().to_environment_variables(exclude_unset=True),
+        "PREFECT_UI_ENABLED": "0",
+        "PREFECT__SERVER_EPHEMERAL": "1",
+        "PREFECT__SERVER_FINAL": "1",
+    }
+
+
+def _startup_timeout_s(given_s: float | None) -> float:
+    """Prefect's default (20 s) is too short on a busy 2-core machine, where a fresh database's
+    migrations alone took longer (seen in tests and a first audit); a dead server still fails
+    at once (the start watches the process). A value the user set is kept."""
+    from prefect.settings import PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS
+
+    if given_s:
+        return given_s
+    if "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ:
+        return PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value()
+    return STARTUP_TIMEOUT_S
+
+
+def local_api_url(startup_timeout_s: float | None = None) -> str:
+    """The API URL of infermeter's local Prefect server for ``PREFECT_HOME``, started when
+    none runs (a line on stderr says so: :mod:`flows.prefect_server`).
+
+    Raises:
+        tasks.server.ServerStartError: it did not start (the message ends with its log).
+    """
+    from prefect.settings import PREFECT_HOME
+
+    home = Path(PREFECT_HOME.value()).expanduser()
+    server, started = ensure_server(home, _server_env(), _startup_timeout_s(startup_timeout_s))
+    if started:
+        print(
+            f"Prefect: started infermeter's local API server ({server.url}, database in {home}); "
+            f"later commands reuse it; it stops after {idle_limit_s() or DEFAULT_IDLE_S:.0f} s idle "
+            f"({IDLE_ENV} sets that, 0 turns it off)",
+            file=sys.stderr,
+        )
+    return server.url
 
 
 @contextlib.contextmanager
@@ -45,46 +93,19 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         ValueError: ``INFERMETER_PREFECT_IDLE_S`` is not a number >= 0.
     """
     import prefect
-    from prefect.settings import (
-        PREFECT_API_URL,
-        PREFECT_HOME,
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
-        get_current_settings,
-    )
+    from prefect.settings import PREFECT_API_URL
 
     from tasks.server import background_server, free_port
 
     if PREFECT_API_URL.value():
         yield PREFECT_API_URL.value()
         return
-    env = {
-        **os.environ,
-        **get_current_settings().to_environment_variables(exclude_unset=True),
-        # what Prefect's own temporary server sets: no UI, the local ephemeral database
-        "PREFECT_UI_ENABLED": "0",
-        "PREFECT__SERVER_EPHEMERAL": "1",
-        "PREFECT__SERVER_FINAL": "1",
-    }
-    # Prefect's default (20 s) is too short on a busy 2-core machine, where a fresh database's
-    # migrations alone took longer (seen in tests and a first audit); a dead server still fails
-    # at once (the start watches the process). A value the user set is kept.
-    user_set = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS" in os.environ
-    timeout_s = startup_timeout_s or (
-        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value() if user_set else STARTUP_TIMEOUT_S
-    )
     if idle_limit_s() > 0:
-        home = Path(PREFECT_HOME.value()).expanduser()
-        server, started = ensure_server(home, env, timeout_s)
-        if started:
-            print(
-                f"Prefect: started infermeter's local API server ({server.url}, database in {home}); "
-                f"later commands reuse it; it stops after {idle_limit_s():.0f} s idle "
-                f"({IDLE_ENV} sets that, 0 turns it off)",
-                file=sys.stderr,
-            )
-        with _api(server.url):
-            yield server.url
+        url = local_api_url(startup_timeout_s)
+        with _api(url):
+            yield url
         return
+    env, timeout_s = _server_env(), _startup_timeout_s(startup_timeout_s)
     port = free_port()
     command = [
         sys.executable,

@@ -120,7 +120,15 @@ def _exit_with_parent() -> None:
     if _LINUX:
         import ctypes
         import signal
+        from multiprocessing import forkserver
 
+        # A forked child inherits the fork server's "alive" pipe (so that it could start
+        # children of its own); holding it, it would keep the fork server from seeing the
+        # command's end, and both would wait for each other for ever.
+        server = forkserver._forkserver
+        if server._forkserver_alive_fd is not None:
+            os.close(server._forkserver_alive_fd)
+            server._forkserver_alive_fd = None
         parent = os.getppid()
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # 1: PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before the death signal was armed

@@ -212,9 +212,11 @@ def _drop_gguf_quantization_config(config_path: Path) -> None:
     os.replace(staging, config_path)  # atomic: a concurrent reader sees the old or the new file
 
 
-def load_tokenizer(spec: str):
-    """The model's tokenizer, offline for GGUF sources: a :class:`BackendTokenizer` where the
-    folder's tokenizer is a plain ``tokenizers`` one (the packaged SmolLM2's is), else a
+def load_tokenizer(spec: str, light: bool = True):
+    """The model's tokenizer, offline for GGUF sources: with ``light`` (prompts and token
+    counts: ``encode``, ``decode``, ``len``, ``all_special_ids``), a :class:`BackendTokenizer`
+    where the folder's tokenizer is a plain ``tokenizers`` one (the packaged SmolLM2's is),
+    else, and always without ``light`` (the tokenize stage's whole transformers API), a
     transformers tokenizer.
 
     For ``arch:`` sources: a tokenizer that only makes prompt ids (see :func:`arch_tokenizer`).
@@ -223,9 +225,9 @@ def load_tokenizer(spec: str):
     if source.kind == "arch":
         return arch_tokenizer(int(text_config(model_config(spec)).vocab_size))
     folder = hf_folder(source)
-    light = BackendTokenizer.load(folder) if Path(folder).is_dir() else None
-    if light is not None:
-        return light
+    backend = BackendTokenizer.load(folder) if light and Path(folder).is_dir() else None
+    if backend is not None:
+        return backend
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(folder)

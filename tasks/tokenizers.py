@@ -317,7 +317,7 @@ def _load_cached(name: str, model_spec: str) -> Tokenizer:
 
     spec = model_spec if name == MODEL else name
     try:
-        return HFTokenizer(name, load_tokenizer(spec), spec)
+        return HFTokenizer(name, load_tokenizer(spec, light=False), spec)
     except ModelSourceError as exc:
         raise TokenizerError(f"tokenizer {name!r}: {exc}") from None
     except OSError as exc:

@@ -223,3 +223,48 @@ def test_chinese_prompts_render_with_a_cjk_font_even_after_an_rc_reset(tmp_path)
         path = plots.token_count_bars(rows, tmp_path / "tokens.png")
     assert path.stat().st_size > 1000
     assert not [w for w in caught if "missing from font" in str(w.message)], caught[:1]
+
+
+def test_the_backend_tokenizer_matches_transformers() -> None:
+    """tasks.models.load_tokenizer's BackendTokenizer (the tokenizers library alone, no
+    transformers import) gives what AutoTokenizer gives on the packaged SmolLM2 folder: the
+    vocabulary size, the special ids in order, the ids of texts (Chinese, a literal special
+    token, spaces; with and without special tokens), and the text of 300 random id sequences
+    with and without the special ones: so the prompts a seed makes are the same as before."""
+    import random
+
+    from transformers import AutoTokenizer
+
+    from tasks.models import BackendTokenizer, hf_folder, load_tokenizer, resolve
+
+    light = load_tokenizer("gguf:default")
+    assert isinstance(light, BackendTokenizer)
+    reference = AutoTokenizer.from_pretrained(hf_folder(resolve("gguf:default")))
+    assert len(light) == len(reference) == 49152
+    assert light.all_special_ids == list(reference.all_special_ids) == [1, 2, 0]
+    for text in ["hello world", "大语言模型的推理速度", "<|im_start|>user\nhi<|im_end|>", "  two  spaces "]:
+        for special in (False, True):
+            assert light.encode(text, add_special_tokens=special) == reference.encode(
+                text, add_special_tokens=special
+            ), text
+    rng = random.Random(0)
+    for _ in range(300):
+        ids = [rng.randrange(len(reference)) for _ in range(rng.randrange(1, 40))]
+        for skip in (True, False):
+            assert light.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+
+
+def test_a_folder_the_backend_cannot_mirror_goes_to_transformers(tmp_path) -> None:
+    """A tokenizer_config.json with a setting the backend does not apply (here a space clean-up,
+    then an unknown key) is not loaded by BackendTokenizer: load_tokenizer falls back to
+    transformers for it."""
+    from tasks.models import BackendTokenizer, hf_folder, resolve
+
+    source = Path(hf_folder(resolve("gguf:default")))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(source / name, tmp_path / name)
+    assert BackendTokenizer.load(tmp_path) is not None
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    for extra in ({"clean_up_tokenization_spaces": True}, {"add_prefix_space": True}):
+        (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, **extra}))
+        assert BackendTokenizer.load(tmp_path) is None, extra

@@ -251,7 +251,9 @@ def test_the_backend_tokenizer_matches_transformers() -> None:
     for _ in range(300):
         ids = [rng.randrange(len(reference)) for _ in range(rng.randrange(1, 40))]
         for skip in (True, False):
-            assert light.decode(ids, skip_special_tokens=skip) == reference.decode(ids, skip_special_tokens=skip)
+            assert light.decode(ids, skip_special_tokens=skip) == reference.decode(
+                ids, skip_special_tokens=skip
+            )
 
 
 def test_a_folder_the_backend_cannot_mirror_goes_to_transformers(tmp_path) -> None:

@@ -195,7 +195,9 @@ def test_https_reads_are_stamped_before_decryption(tmp_path, monkeypatch) -> Non
         )  # fmt: skip
         (level,) = run_levels(Connection(tls_server.base_url, None, 10.0), [settings], count_tokens=None)
         stamps = tls_server.stamps()
-    assert level.metrics["arrival_clock"] == "kernel" and level.metrics["num_errors"] == 0
+    assert level.metrics["arrival_clock"] == "kernel" and level.metrics["num_errors"] == 0, [
+        r.error_message for r in level.records
+    ][:3]
     errors = []
     for r in level.measured:
         true = stamps[f"p{r.request_id.split('-r')[1]}"]["text_sent_ns"]

@@ -214,7 +214,7 @@ def test_chinese_prompts_render_with_a_cjk_font_even_after_an_rc_reset(tmp_path)
 
     from tasks.report import plots
 
-    if not plots._CJK:
+    if not plots._cjk_fonts():
         pytest.skip("no CJK font installed (Debian: fonts-wqy-zenhei)")
     matplotlib.rcdefaults()
     rows = [{"tokenizer": "smollm2", "text": "大语言模型的推理速度", "token_count": 9}]

@@ -98,15 +98,29 @@ def client_context() -> Any:
 
 def start_fork_server() -> None:
     """Start the fork server now, so that its imports run beside the caller's own work (the
-    first level then finds it ready); a no-op where it runs already or is not used."""
-    if _LINUX:
-        client_context()
-        from multiprocessing import forkserver
+    first level then finds it ready); a no-op where it runs already or is not used.
 
-        forkserver.ensure_running()
+    One started under another environment is replaced first: its preloaded modules read the
+    environment when they were imported (aiohttp builds its TLS context then, with
+    ``SSL_CERT_FILE`` as it was), so a process that changed a variable since (a library user, a
+    test) gets a fork server that sees the change, as a spawned child would."""
+    global _SERVER_ENVIRON
+    if not _LINUX:
+        return
+    client_context()
+    from multiprocessing import forkserver
+
+    server = forkserver._forkserver
+    if server._forkserver_pid is not None and _SERVER_ENVIRON != os.environ:
+        server._stop()
+    if server._forkserver_pid is None:
+        _SERVER_ENVIRON = dict(os.environ)
+    server.ensure_running()
 
 
 _LINUX = sys.platform.startswith("linux")
+#: The environment the running fork server started with (:func:`start_fork_server`).
+_SERVER_ENVIRON: dict[str, str] | None = None
 
 
 def _exit_with_parent() -> None:
@@ -149,9 +163,14 @@ def _child(
     out: Any,
     go: Any,
     start_at: Any,
+    cwd: str,
 ) -> None:
-    """A client process: run the warm-up when given one (on the connection the level then
-    reuses), report ready, wait for the start instant, run its share."""
+    """A client process: in the command's current folder (the fork server keeps the one it
+    started in), run the warm-up when given one (on the connection the level then reuses),
+    report ready, wait for the start instant, run its share. (Its environment is the
+    command's: :func:`start_fork_server`.)"""
+    if os.getcwd() != cwd:
+        os.chdir(cwd)
 
     def send(record: RequestRecord) -> None:
         out.put(("record", record.to_json()))
@@ -226,6 +245,7 @@ def run_level_processes(
     # everything that belongs to them) continuing after the warm-up's.
     share = settings.after_warmup()
     mark("client_processes_start")
+    start_fork_server()  # running already (the flow started it), unless the environment changed
     ctx = client_context()
     out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
     children = []
@@ -233,7 +253,17 @@ def run_level_processes(
         mine = replace(share, max_concurrency=_share_of(settings.max_concurrency, processes, k))
         child = ctx.Process(
             target=_child,
-            args=(k, processes, connection, mine, warmup if k == 0 else None, out, go, start_at),
+            args=(
+                k,
+                processes,
+                connection,
+                mine,
+                warmup if k == 0 else None,
+                out,
+                go,
+                start_at,
+                os.getcwd(),
+            ),  # fmt: skip
             name=f"infermeter-client-{k}",
             daemon=True,
         )

@@ -102,7 +102,7 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
         return
     if idle_limit_s() > 0:
         url = local_api_url(startup_timeout_s)
-        with _api(url):
+        with _api(url, own=True):
             yield url
         return
     env, timeout_s = _server_env(), _startup_timeout_s(startup_timeout_s)
@@ -136,19 +136,32 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
             log_path=log_path,
             timeout_hint="or start one with `prefect server start` and set PREFECT_API_URL",
         ),
-        _api(url),
+        _api(url, own=True),
     ):
         yield url
 
 
 @contextlib.contextmanager
-def _api(url: str) -> Iterator[None]:
-    """Flows in the block call ``url``; the logs and events they queued are sent before it ends."""
-    from prefect.settings import PREFECT_API_URL, PREFECT_UI_URL, temporary_settings
+def _api(url: str, own: bool = False) -> Iterator[None]:
+    """Flows in the block call ``url`` (``own``: a server of ours); the logs and events they
+    queued are sent before it ends."""
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_UI_URL,
+        temporary_settings,
+    )
 
     # no UI URL: Prefect would log "View at http://127.0.0.1:PORT/runs/..." for a server
     # without a UI; a lasting PREFECT_API_URL (a `prefect server start`) keeps it
-    with temporary_settings(updates={PREFECT_API_URL: url, PREFECT_UI_URL: ""}):
+    updates: dict = {PREFECT_API_URL: url, PREFECT_UI_URL: ""}
+    if own and "PREFECT_FLOWS_HEARTBEAT_FREQUENCY" not in os.environ:
+        # Flow-run heartbeats are events a server-side automation may watch to find crashed
+        # runs; on a server of ours none does unless the user adds one (they can set the
+        # variable). Their thread sleeps in 1 s steps and the flow joins it: 0-1 s (0.5 s on
+        # average) of every command's end (tests/benchmarks/command_phases.py).
+        updates[PREFECT_FLOWS_HEARTBEAT_FREQUENCY] = None
+    with temporary_settings(updates=updates):
         try:
             yield
         finally:

@@ -89,9 +89,9 @@ def _exit_now(code: int | str | None) -> None:
     if isinstance(code, str):  # SystemExit("message"): Python prints it and exits 1
         print(code, file=sys.stderr)
         code = 1
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    # the interpreter's own first step of an exit: the hooks threads registered for it (Prefect's
+    # event-loop threads stop there), then every non-daemon thread joined
+    threading._shutdown()
     for output in (sys.stdout, sys.stderr):
         output.flush()
     atexit._run_exitfuncs()

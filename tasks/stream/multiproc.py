@@ -83,6 +83,11 @@ def _share_of(concurrency: int, processes: int, k: int) -> int:
     return concurrency // processes + (1 if k < concurrency % processes else 0)
 
 
+_LINUX = sys.platform.startswith("linux")
+#: The environment the running fork server started with (:func:`start_fork_server`).
+_SERVER_ENVIRON: dict[str, str] | None = None
+
+
 def client_context() -> Any:
     """The ``multiprocessing`` context client processes start from: ``forkserver`` with this
     module preloaded (Linux), else ``spawn``. The fork server is a clean process (no threads,
@@ -116,11 +121,6 @@ def start_fork_server() -> None:
     if server._forkserver_pid is None:
         _SERVER_ENVIRON = dict(os.environ)
     server.ensure_running()
-
-
-_LINUX = sys.platform.startswith("linux")
-#: The environment the running fork server started with (:func:`start_fork_server`).
-_SERVER_ENVIRON: dict[str, str] | None = None
 
 
 def _exit_with_parent() -> None:

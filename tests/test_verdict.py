@@ -37,10 +37,19 @@ def classes(rows_):
     return {row.metric: row.verdict for row in rows_}
 
 
+KNOWN = test.RunSpread(0.05, 4, "five earlier runs")  # a run-to-run spread the judge may trust
+
+
+def change(*args):
+    return test.Change(*args, 0.0, KNOWN, 5)
+
+
 def test_each_verdict_class_on_constructed_samples():
     rng = np.random.default_rng(7)
-    base, cur = run(rng), run(rng)
-    same = verdict(cur[0], [base[0]], THRESHOLDS, cur[1], [base[1]])
+    bases, cur = [run(rng) for _ in range(3)], run(rng)
+    base = ({m: float(np.median([b[0][m] for b in bases])) for m in THRESHOLDS}, None)
+    figures, samples = [b[0] for b in bases], [b[1] for b in bases]
+    same = verdict(cur[0], figures, THRESHOLDS, cur[1], samples)
     assert classes(same) == {
         "ttft_ms_p50": "unchanged",
         "ttft_ms_p99": "inconclusive",  # 60 requests: 0.6 beyond the p99
@@ -50,7 +59,7 @@ def test_each_verdict_class_on_constructed_samples():
     assert "too few samples for p99" in same[1].note and same[1].change_pct_ci_low is None
     assert all(row.rule == "samples" and not row.regressed for row in same)
     slower = run(rng, scale_ttft=1.3, scale_itl=1.3)
-    worse = verdict(slower[0], [base[0]], THRESHOLDS, slower[1], [base[1]])
+    worse = verdict(slower[0], figures, THRESHOLDS, slower[1], samples)
     assert classes(worse) == {
         "ttft_ms_p50": "regressed",
         "ttft_ms_p99": "inconclusive",
@@ -61,24 +70,44 @@ def test_each_verdict_class_on_constructed_samples():
     assert row.change_pct_ci_low < row.change_pct < row.change_pct_ci_high and row.change_pct_ci_low > 0
     assert 20 < row.change_pct < 40 and row.p_value < 0.01
     faster = run(rng, scale_ttft=0.7, scale_itl=0.7)
-    better = verdict(faster[0], [base[0]], THRESHOLDS, faster[1], [base[1]])
+    better = verdict(faster[0], figures, THRESHOLDS, faster[1], samples)
     assert (
         classes(better)["ttft_ms_p50"] == "improved" and classes(better)["output_tokens_per_s"] == "improved"
     )
     assert not any(row.regressed for row in better)
+    assert base[0]["ttft_ms_p50"] == worse[0].baseline  # the baseline figure: the runs' median
+
+
+def test_a_baseline_of_one_run_never_reads_regressed_on_the_requests_alone():
+    """30 % slower against ONE baseline run: significant on the requests (p < 0.01), but one run
+    cannot show how much whole runs differ (machine load moves them): inconclusive, saying how
+    many audits the baseline lacks; with a run-to-run spread known from the history, regressed."""
+    rng = np.random.default_rng(7)
+    base, slower = run(rng), run(rng, scale_ttft=1.3, scale_itl=1.3)
+    alone = verdict(slower[0], [base[0]], {"ttft_ms_p50": 15.0}, slower[1], [base[1]])[0]
+    assert alone.verdict == "inconclusive" and alone.p_value < 0.01 and not alone.regressed
+    assert "a baseline of 1 audit cannot show how much whole runs differ" in alone.note
+    assert "about 2 more audits in the baseline" in alone.note
+    c = test.change(
+        "ttft_ms_p50", slower[0]["ttft_ms_p50"], base[0]["ttft_ms_p50"], slower[1]["stream"],
+        base[1]["stream"], confidence=0.95, spread=test.RunSpread(0.03, 8, "the audit history"),
+    )  # fmt: skip
+    assert c.spread.source == "the audit history" and c.ci_low > 15
+    assert test.judge({"ttft_ms_p50": c}, {"ttft_ms_p50": 15.0}, 0.95)[0].verdict == "regressed"
 
 
 def test_a_noisy_short_run_is_inconclusive_and_says_how_many_more_requests():
     rng = np.random.default_rng(3)
-    base, cur = run(rng, n=12, sigma=0.5), run(rng, n=12, sigma=0.5, scale_ttft=1.1)
-    judged = verdict(cur[0], [base[0]], {"ttft_ms_p50": 15.0}, cur[1], [base[1]])[0]
+    bases = [run(rng, n=12, sigma=0.5) for _ in range(3)]
+    cur = run(rng, n=12, sigma=0.5, scale_ttft=1.1)
+    judged = verdict(cur[0], [b[0] for b in bases], {"ttft_ms_p50": 15.0}, cur[1], [b[1] for b in bases])[0]
     assert judged.verdict == "inconclusive"
     assert judged.change_pct_ci_high - judged.change_pct_ci_low > 30  # far wider than +-15 %
     more = int(judged.note.split("about ")[1].split()[0])
     half, change = (judged.change_pct_ci_high - judged.change_pct_ci_low) / 2, abs(judged.change_pct)
     target = change if change > 15 else 15 - change  # exclude no change, or fit within +-15 %
     assert more == pytest.approx(12 * ((half / target) ** 2 - 1), abs=1) and more > 0
-    assert "more requests would settle it" in judged.note
+    assert "more requests a run would settle it" in judged.note
 
 
 def test_many_metrics_each_changing_a_little_raise_no_alarm_and_holm_is_step_down():
@@ -86,13 +115,13 @@ def test_many_metrics_each_changing_a_little_raise_no_alarm_and_holm_is_step_dow
     0.01): Holm over twelve needs p <= 0.05 / 12 for the first, so none is called regressed
     (each alone would be); twelve 5 % changes with narrow intervals are each unchanged."""
     names = [f"ttft_ms_p{q}" for q in range(40, 52)]
-    little = {m: test.Change(m, 16.0, 1.0, 31.0, 0.01, 15.0, 100) for m in names}
+    little = {m: change(m, 16.0, 1.0, 31.0, 0.01, 15.0, 100) for m in names}
     judged = test.judge(little, dict.fromkeys(names, 15.0), 0.95)
     assert {j.verdict for j in judged} == {"inconclusive"}
     assert all("not significant after Holm" in j.note for j in judged)
     alone = test.judge({names[0]: little[names[0]]}, {names[0]: 15.0}, 0.95)
     assert alone[0].verdict == "regressed"
-    small = {m: test.Change(m, 5.0, -1.0, 11.0, 0.1, 6.0, 100) for m in names}
+    small = {m: change(m, 5.0, -1.0, 11.0, 0.1, 6.0, 100) for m in names}
     assert {j.verdict for j in test.judge(small, dict.fromkeys(names, 15.0), 0.95)} == {"unchanged"}
     assert test.holm([0.01, 0.02, 0.04], 0.05) == [True, True, True]  # .01 <= .05/3, .02 <= .05/2, .04 <= .05
     assert test.holm([0.01, 0.03, 0.04], 0.05) == [True, False, False]  # .03 > .05/2: it stops
@@ -101,8 +130,8 @@ def test_many_metrics_each_changing_a_little_raise_no_alarm_and_holm_is_step_dow
 
 
 def test_a_change_beyond_threshold_that_holm_does_not_back_is_inconclusive():
-    c = test.Change("ttft_ms_p50", 20.0, 1.0, 39.0, 0.04, 19.0, 50)
-    others = {f"itl_ms_p{q}": test.Change(f"itl_ms_p{q}", 0.0, -2.0, 2.0, 0.9, 2.0, 50) for q in (50, 90)}
+    c = change("ttft_ms_p50", 20.0, 1.0, 39.0, 0.04, 19.0, 50)
+    others = {f"itl_ms_p{q}": change(f"itl_ms_p{q}", 0.0, -2.0, 2.0, 0.9, 2.0, 50) for q in (50, 90)}
     judged = test.judge(
         {"ttft_ms_p50": c, **others}, {"ttft_ms_p50": 15.0, "itl_ms_p50": 15.0, "itl_ms_p90": 15.0}, 0.95
     )

@@ -25,8 +25,15 @@ The rule (docs/DESIGN.md, "Regression verdicts", has it with its assumptions):
    the threshold on the worse side; ``improved``: the mirror; ``unchanged``: the whole interval
    lies within ± the threshold (an equivalence test, the "two one-sided tests" of Schuirmann
    1987); ``inconclusive`` otherwise, or when a side has too few samples for the statistic
-   (:func:`tasks.stats.interval.enough_for`): the verdict says about how many more requests
-   (or repeats) would settle it, from the interval's 1/sqrt(n) shrinkage.
+   (:func:`tasks.stats.interval.enough_for`): the verdict says what would settle it, in the unit
+   that limits it (:func:`settle_advice`): more requests in a run when the within-run part of the
+   interval dominates (1/sqrt(n) shrinkage), more audits in the baseline when the run-to-run part
+   does (the prediction interval's ``t(U - 1) x sqrt(1 + 1/U)``), or neither when runs differ by
+   more than the threshold allows.
+5. **The run-to-run spread must be known.** A change judged against one baseline run, with no
+   other estimate of how much whole runs differ (:class:`RunSpread`), rests on the request-level
+   spread alone; machine load moves whole runs, so such a change is never called regressed or
+   improved: ``inconclusive``, saying how many audits the baseline lacks.
 
 Imports numpy; no MLflow, no Prefect.
 """
@@ -51,9 +58,30 @@ MIN_CLUSTERS = 5
 VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
 
 
+#: Fewest baseline runs whose spread the verdict trusts on its own; fewer: the history's, or none.
+MIN_BASELINE_RUNS = 3
+
+
+@dataclass(frozen=True)
+class RunSpread:
+    """How much whole runs differ: ``sd_log``, the standard deviation of the natural log of a
+    run's figure over its segment's (0.05 = runs differ by about 5 %), on ``df`` degrees of
+    freedom, from ``source`` (the baseline runs' samples, or the audit history's run-level
+    figures: :func:`tasks.report.history.run_spread`)."""
+
+    sd_log: float
+    df: int
+    source: str
+
+
 @dataclass(frozen=True)
 class Change:
-    """A metric's change with its interval, before the verdict (:func:`judge`)."""
+    """A metric's change with its interval, before the verdict (:func:`judge`).
+
+    ``between_share``: the part (0..1) of the change's log-variance that comes from the
+    run-to-run spread (0 when none was carried); ``spread``: that spread, None when unknown (one
+    baseline run and no history: the interval is the request-level one alone); ``baseline_runs``:
+    the baseline's units."""
 
     metric: str
     change_pct: float
@@ -62,6 +90,9 @@ class Change:
     p_value: float
     half_width: float
     clusters: int  #: the smaller side's clusters (requests / repeats): for "N more"
+    between_share: float = 0.0
+    spread: RunSpread | None = None
+    baseline_runs: int = 1
 
 
 def change(
@@ -74,10 +105,15 @@ def change(
     confidence: float,
     resamples: int = DEFAULT_RESAMPLES,
     seed: int = 0,
+    spread: RunSpread | None = None,
 ) -> Change | str:
     """The change of ``metric`` from ``baseline`` to ``current`` (logged figures) with its
     interval from the two sides' units of its group; a string says why none can be had (no
-    estimator, too few samples, no samples)."""
+    estimator, too few samples, no samples).
+
+    The run-to-run spread a single current run borrows: the baseline units' own when there are
+    at least :data:`MIN_BASELINE_RUNS`, else ``spread`` (the history's) when given, else the
+    baseline units' own when there are 2, else none (the returned ``Change.spread`` is None)."""
     est = estimator(metric)
     if est is None:
         return "no samples define this metric"
@@ -99,14 +135,27 @@ def change(
     base = relative_draws(baseline_units, est, resamples, rng)
     if cur is None or base is None:
         return "no change can be computed (a statistic of 0 or not finite in the samples)"
-    if len(current_units) == 1 and len(baseline_units) >= 2:
+    within_var = float(np.var(np.log(cur[cur > 0]))) if np.any(cur > 0) else 0.0
+    borrowed: RunSpread | None = None
+    units = len(baseline_units)
+    if len(current_units) > 1:  # the current side's own units carry the spread
+        borrowed = RunSpread(0.0, len(current_units) - 1, "the current run's own units")
+    elif units >= MIN_BASELINE_RUNS or (units == 2 and spread is None):
+        # the runs' deviations carry each run's own sampling noise too: take it out (the one-way
+        # random-effects moment estimate, between = total - within: Searle, Casella & McCulloch,
+        # Variance Components, 1992, sec. 3.5), the within part from the current run's draws
+        deviations = float(np.var(np.log(_run_deviations(baseline_units, est)), ddof=1))
+        own = math.sqrt(max(0.0, deviations - within_var))
+        borrowed = RunSpread(own, units - 1, f"the {units} baseline runs")
+    elif spread is not None:
+        borrowed = spread
+    if len(current_units) == 1 and borrowed is not None and borrowed.sd_log > 0:
         # one current run is one more draw of the machine's run-to-run state: it borrows the
-        # baseline's between-run spread, the sd s of the baseline runs' log deviations, drawn as
-        # s x Student's t with U - 1 degrees of freedom (the prediction of a new run from U:
+        # between-run spread s (the baseline runs' log deviations, or the history's), drawn as
+        # s x Student's t with df degrees of freedom (the prediction of a new run from U runs:
         # Hahn & Meeker, Statistical Intervals, 1991, sec. 4.6; the resampled baseline side
         # carries the mean's own 1 / U part)
-        spread = float(np.std(np.log(_run_deviations(baseline_units, est)), ddof=1))
-        cur = cur * np.exp(spread * rng.standard_t(len(baseline_units) - 1, cur.size))
+        cur = cur * np.exp(borrowed.sd_log * rng.standard_t(max(borrowed.df, 1), cur.size))
     draws = 100.0 * (current * cur / (baseline * base) - 1.0)
     draws = draws[np.isfinite(draws)]
     if draws.size < 2:
@@ -117,7 +166,20 @@ def change(
     p = min(1.0, 2 * min((1 + np.sum(draws <= 0)) / (n + 1), (1 + np.sum(draws >= 0)) / (n + 1)))
     clusters = min(sum(u.size for u in current_units), sum(u.size for u in baseline_units))
     point = 100.0 * (current / baseline - 1.0)
-    return Change(metric, point, low, high, float(p), (high - low) / 2, clusters)
+    logs = np.log1p(draws / 100.0)
+    total_var = float(np.var(logs[np.isfinite(logs)]))
+    base_logs = np.log(base[base > 0])
+    cur_clusters = sum(u.size for u in current_units)
+    base_clusters = max(1, sum(u.size for u in baseline_units))
+    # the baseline side's within-run part: all of it with one unit; with several, the same
+    # per-request noise over base_clusters requests (the rest of its variance is between runs)
+    within = within_var + (
+        float(np.var(base_logs)) if units == 1 else within_var * cur_clusters / base_clusters
+    )
+    between_share = 0.0 if total_var <= 0 else min(1.0, max(0.0, 1.0 - within / total_var))
+    return Change(
+        metric, point, low, high, float(p), (high - low) / 2, clusters, between_share, borrowed, units
+    )
 
 
 def _run_deviations(units: Sequence[Unit], est: Estimator) -> np.ndarray:
@@ -172,11 +234,62 @@ def more_needed(c: Change, threshold_pct: float, tested: int = 1, confidence: fl
     return max(1, math.ceil(c.clusters * ((half / target) ** 2 - 1)))
 
 
+def more_audits(c: Change, threshold_pct: float, tested: int = 1, confidence: float = 0.95) -> int | None:
+    """About how many more audits in the baseline would settle an inconclusive change whose
+    interval the run-to-run spread dominates; None when no number would (the spread alone, even
+    known exactly, is wider than the room the threshold leaves) or the spread is unknown.
+
+    The run-to-run part of the half-width is ``s x t(U - 1) x sqrt(1 + 1/U)`` (a new run's
+    prediction from U runs: Hahn & Meeker 1991, sec. 4.6); the within-run part stays. The target
+    is :func:`more_needed`'s."""
+    if c.spread is None or c.spread.sd_log <= 0:
+        return None
+    from scipy.stats import t as student_t
+
+    limit, z = abs(threshold_pct), 1 - (1 - confidence) / 2
+    target = limit - abs(c.change_pct) if abs(c.change_pct) < limit else abs(c.change_pct)
+    if abs(c.change_pct) >= limit:  # significance at Holm's strictest level: a narrower target
+        alpha = 1 - confidence
+        target *= NormalDist().inv_cdf(z) / NormalDist().inv_cdf(1 - alpha / (2 * tested))
+    if target <= 0.05 * limit:
+        return None
+    runs = max(c.baseline_runs, c.spread.df + 1)
+
+    def between(u: int) -> float:  # percent, on the log scale's first order
+        return 100.0 * c.spread.sd_log * float(student_t.ppf(z, max(u - 1, 1))) * math.sqrt(1 + 1 / u)
+
+    within_sq = max(0.0, c.half_width**2 - between(runs) ** 2)
+    for more in range(1, 201):
+        if math.sqrt(within_sq + between(runs + more) ** 2) <= target:
+            return more
+    return None
+
+
+def settle_advice(c: Change, threshold_pct: float, tested: int, confidence: float, unit: str) -> str:
+    """What would settle an inconclusive change, in the unit that limits it: ``about N more
+    requests a run`` (the within-run part dominates), ``about N more audits in the baseline``
+    (the run-to-run part does, ``Change.between_share`` > 0.5), or why neither would."""
+    if c.spread is not None and c.between_share > 0.5 and c.spread.sd_log > 0:
+        audits = more_audits(c, threshold_pct, tested, confidence)
+        if audits is None:
+            return (
+                f"whole runs differ by about {100 * c.spread.sd_log:.0f} % from one another "
+                f"({c.spread.source}), too much for a {abs(threshold_pct):g} % threshold: no number "
+                "of audits settles it (a steadier machine, or a wider threshold, would)"
+            )
+        return (
+            f"the spread between runs limits it: about {audits} more audits in the baseline would settle it"
+        )
+    more = more_needed(c, threshold_pct, tested, confidence)
+    return f"about {more} more {unit} a run would settle it" if more else ""
+
+
 def judge(
     changes: Mapping[str, Change | str], thresholds_pct: Mapping[str, float], confidence: float
 ) -> list[Judged]:
     """The verdicts of :func:`change`'s results, Holm across the metrics that have an interval
-    (module docstring, step 4). ``thresholds_pct`` signed as :mod:`tasks.report.regression`."""
+    (module docstring, steps 4 and 5). ``thresholds_pct`` signed as
+    :mod:`tasks.report.regression`."""
     tested = [m for m, c in changes.items() if isinstance(c, Change)]
     rejected = dict(zip(tested, holm([changes[m].p_value for m in tested], 1 - confidence)))  # type: ignore[union-attr]
     out = []
@@ -186,7 +299,20 @@ def judge(
             continue
         threshold = thresholds_pct[metric]
         worse = c.change_pct * math.copysign(1, threshold)  # > 0: the worse way
-        if rejected[metric] and abs(c.change_pct) > abs(threshold):
+        unit = estimator(metric).unit_name  # type: ignore[union-attr]
+        if rejected[metric] and abs(c.change_pct) > abs(threshold) and c.spread is None:
+            lack = MIN_BASELINE_RUNS - c.baseline_runs
+            out.append(
+                Judged(
+                    metric,
+                    c,
+                    "inconclusive",
+                    f"beyond the threshold (p = {c.p_value:.3g} on the requests alone), but a baseline of "
+                    f"{c.baseline_runs} audit cannot show how much whole runs differ: about {lack} more "
+                    "audits in the baseline would settle it",
+                )
+            )
+        elif rejected[metric] and abs(c.change_pct) > abs(threshold):
             kind = "regressed" if worse > 0 else "improved"
             out.append(
                 Judged(metric, c, kind, f"beyond the threshold; p = {c.p_value:.3g}, Holm-significant")
@@ -194,20 +320,25 @@ def judge(
         elif -abs(threshold) < c.ci_low and c.ci_high < abs(threshold):
             out.append(Judged(metric, c, "unchanged", "the interval lies within ± the threshold"))
         else:
-            more = more_needed(c, threshold, len(tested), confidence)
-            unit = estimator(metric).unit_name  # type: ignore[union-attr]
             why = "the interval reaches past the threshold"
             if abs(c.change_pct) > abs(threshold) and not rejected[metric]:
                 why = f"beyond the threshold but not significant after Holm (p = {c.p_value:.3g})"
-            out.append(
-                Judged(
-                    metric,
-                    c,
-                    "inconclusive",
-                    why + (f"; about {more} more {unit} would settle it" if more else ""),
-                )
-            )
+            advice = settle_advice(c, threshold, len(tested), confidence, unit)
+            out.append(Judged(metric, c, "inconclusive", why + (f"; {advice}" if advice else "")))
     return out
 
 
-__all__ = ["Change", "Estimator", "Judged", "Samples", "change", "estimator", "holm", "judge", "more_needed"]
+__all__ = [
+    "Change",
+    "Estimator",
+    "Judged",
+    "RunSpread",
+    "Samples",
+    "change",
+    "estimator",
+    "holm",
+    "judge",
+    "more_audits",
+    "more_needed",
+    "settle_advice",
+]

@@ -14,6 +14,7 @@ import traceback
 from prefect import flow, get_run_logger
 from prefect.states import Completed, Failed
 
+from flows.events import emit_regressed
 from flows.runs import model_label, parent_run, target_label
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
@@ -80,6 +81,8 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                 verdict = judge(run.tracker, run.run_id, headline, run.tags, config.regression, samples)
             except LookupError as exc:  # a named baseline that does not exist
                 errors["regression"] = str(exc)
+        if verdict is not None and verdict.regressed:  # for a Prefect automation (never raises)
+            emit_regressed(verdict, run.tags, run.run_id, run.tracker.run_url(run.run_id), run.runs_url)
         if verdict is not None:
             summary += "\n" + verdict.markdown()
             logger.info("regression verdict: %s", verdict.status)

@@ -14,7 +14,8 @@ whose verdict says some metric regressed. Its parts, in Prefect's event schema
   in;
 - payload (:class:`RegressedEvent`): ``metrics`` (one entry per regressed metric: its
   ``change_pct`` with interval, threshold, baseline and current figures, the rule and note),
-  ``regressed_metrics`` (names), ``status``, ``baseline``, ``baseline_run_ids``,
+  ``regressed_metrics`` (names), ``status``, ``counts`` (metrics per verdict class, when the
+  verdict gives them), ``baseline``, ``baseline_run_ids``,
   ``mlflow_run_id``, ``mlflow_run_url``, ``runs_url``, ``flow_run_id``.
 
 Only the fields named above leave the process: never the config, an environment variable, or a
@@ -133,6 +134,7 @@ def regressed_event(
     ]
     payload = {
         "status": judged.get("status"),
+        "counts": judged.get("counts"),
         "regressed_metrics": names,
         "metrics": [{key: row.get(key) for key in _ROW_FIELDS} for row in rows],
         "baseline": judged.get("baseline"),

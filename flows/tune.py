@@ -2,13 +2,17 @@
 answer (the Pareto front, the best configuration under the SLOs).
 
 The DAG: plan (the grid expanded and checked by the engine's own parser, before any server
-starts) -> per configuration, in order: start its server, wait healthy, run the stream levels
-(or the capacity search), stop it and every child it made -> the answer. A configuration whose
-server does not start is recorded FAILED and the sweep goes on; with ``tune.resume`` (default)
-a configuration already FINISHED with the same settings is read back from MLflow, not measured.
-MLflow: the tune parent; a child per configuration (``tasks.pipeline.tune``) with its stream
-stage and levels below it; on the parent ``tune.csv`` (every level a row), ``tune.json``, the
-plot and the summary. The command is ``flows.commands.tune``; ``infermeter serve`` / ``deploy``
+starts) -> ``tune.repeats`` rounds, each measuring every configuration once in an order
+shuffled from the seed (``tasks.tune.repeats.run_order``): start its server, wait healthy, run
+the stream levels (or the capacity search), stop it and every child it made -> the answer, by
+the rule of ``tasks.tune.rule`` (the best named only where its repeats separate it from the
+rest; else "tied within noise"). A configuration whose server does not start is recorded
+FAILED, not started again in later rounds, and the sweep goes on; with ``tune.resume``
+(default) a measurement (configuration and repeat) already FINISHED with the same settings is
+read back from MLflow, not measured. MLflow: the tune parent (tag ``tune_best_rule``: the
+rule's outcome); a child per measurement (``tasks.pipeline.tune``) with its stream stage and
+levels below it; on the parent ``tune.csv`` (every level a row: the means over the repeats and
+their intervals), ``tune.json`` (with ``order`` and ``repeats``), the plot and the summary. The command is ``flows.commands.tune``; ``infermeter serve`` / ``deploy``
 deploy it.
 """
 
@@ -20,37 +24,44 @@ from flows.runs import final_state, parent_run
 from tasks.config import TuneFlowConfig
 
 
-def answer(outcomes: list, config: TuneFlowConfig) -> dict:
+def answer(summaries: list, config: TuneFlowConfig) -> dict:
     """``{"points", "pareto": {"per_user_tokens_per_s": [...], "ttft_ms_p99": [...]}, "best"}``
-    of the outcomes (``tasks.tune.front``); ``best`` adds the winning configuration's
-    ``server_params``."""
+    of the configurations (``ConfigurationSummary``: their repeats combined; ``tasks.tune.front``);
+    ``best`` adds the winning configuration's ``server_params`` when one is named (the rule:
+    ``tasks.tune.rule``), and ``best_obj`` is the ``Best`` itself."""
     from tasks.tune.front import best, pareto
 
-    points = [p for outcome in outcomes for p in outcome.points()]
-    chosen = best(points, config.stream.goodput, config.capacity.target)
+    slos = config.stream.goodput
+    objective = "goodput_requests_per_s" if slos else "output_tokens_per_s"
+    points = [p for summary in summaries for p in summary.points()]
+    samples = {k: v for summary in summaries for k, v in summary.samples(objective).items()}
+    chosen = best(points, slos, config.capacity.target, samples)
     best_dict = chosen.to_dict()
     if chosen.point is not None:
-        best_dict["server_params"] = outcomes[
-            [o.index for o in outcomes].index(chosen.point.configuration)
+        best_dict["server_params"] = summaries[
+            [o.index for o in summaries].index(chosen.point.configuration)
         ].server_params
     return {
         "points": points,
         "pareto": {axis: pareto(points, axis) for axis in ("per_user_tokens_per_s", "ttft_ms_p99")},
         "best": best_dict,
+        "best_obj": chosen,
     }
 
 
-def summary_text(outcomes: list, result: dict, error: str | None) -> str:
-    """summary.md: one line per configuration, then the best and the front."""
+def summary_text(summaries: list, result: dict, error: str | None) -> str:
+    """summary.md: one line per configuration, then the best (the rule's outcome) and the front."""
     lines = ["# infermeter tune", ""]
     if error:
         lines += [f"failed: {error}", ""]
-    for o in outcomes:
-        startup = f"{o.server_startup_s:.1f} s" if o.server_startup_s is not None else "-"
-        note = " (resumed)" if o.resumed else ""
+    for o in summaries:
+        d = o.to_dict()
+        startup = f"{d['server_startup_s']:.1f} s" if d["server_startup_s"] is not None else "-"
+        note = " (resumed)" if d["resumed"] else ""
+        repeats = f", {len(o.finished)} of {len(o.measurements) + len(o.skipped)} repeats finished"
         lines.append(
-            f"- {o.index}: `{o.label}` {o.status}{note}, startup {startup}"
-            + (f": {o.error[:200]}" if o.error else "")
+            f"- {o.index}: `{o.label}` {d['status']}{note}{repeats}, startup {startup}"
+            + (f": {d['error'][:200]}" if d["error"] else "")
         )
     best = result.get("best") or {}
     if best.get("point"):
@@ -70,11 +81,14 @@ def summary_text(outcomes: list, result: dict, error: str | None) -> str:
 
 
 def run_tune(config: TuneFlowConfig, track: bool = True) -> dict:
-    """The flow's body: returns ``{"configurations": [ConfigurationOutcome.to_dict()], "best",
-    "pareto", "error", "mlflow_run_id", "workdir", "ui_command", "runs_url"}``; ``error`` when
-    the plan was refused or every configuration FAILED (the run ends FAILED)."""
-    from tasks.pipeline.tune import finished_outcome, measure_configuration
+    """The flow's body: returns ``{"configurations": [ConfigurationSummary.to_dict()], "best",
+    "pareto", "order", "repeats", "error", "mlflow_run_id", "workdir", "ui_command",
+    "runs_url"}``; ``order``: each measurement's ``position``, ``repeat``, ``configuration`` and
+    what became of it (``measured``, ``resumed``, ``skipped``); ``error`` when the plan was
+    refused or every configuration FAILED (the run ends FAILED)."""
+    from tasks.pipeline.tune import ConfigurationSummary, finished_outcome, measure_configuration
     from tasks.tune.plan import plan
+    from tasks.tune.repeats import run_order
 
     logger = get_run_logger()
     engine = "serve_cmd" if config.tune.serve_cmd else config.server.engine
@@ -82,76 +96,114 @@ def run_tune(config: TuneFlowConfig, track: bool = True) -> dict:
         "model": config.endpoint.model if config.tune.serve_cmd else config.server.model,
         "engine": engine,
     }
+    repeats = config.tune.repeats
     with parent_run("tune", config.name, config.model_dump(mode="json"), config.tracking, track, tags) as run:
-        outcomes, error = [], None
+        summaries: list[ConfigurationSummary] = []
+        order: list[dict] = []
+        error = None
         try:
             planned = plan(config)
-            for number, item in enumerate(planned, 1):
-                conf = item.configuration
-                found = finished_outcome(run.tracker, item.key, conf) if config.tune.resume else None
-                if found is not None:
-                    logger.info(
-                        "configuration %d/%d (%s): FINISHED in run %s; skipped (resume)",
-                        number,
-                        len(planned),
-                        conf.label,
-                        found.mlflow_run_id,
-                    )
-                    outcomes.append(found)
-                    continue
-                logger.info("configuration %d/%d (%s): starting the server", number, len(planned), conf.label)
-                outcome = measure_configuration(config, conf, item.key, run.target, run.run_id, run.workdir)
-                logger.info(
-                    "configuration %d/%d (%s): %s%s",
-                    number,
-                    len(planned),
-                    conf.label,
-                    outcome.status,
-                    f": {outcome.error[:300]}" if outcome.error else "",
+            summaries = [
+                ConfigurationSummary(
+                    item.configuration.index,
+                    item.configuration.label,
+                    dict(item.configuration.params),
+                    list(item.configuration.flags),
                 )
-                outcomes.append(outcome)
-            if outcomes and all(o.status == "FAILED" for o in outcomes):
-                error = f"every configuration FAILED; the first: {outcomes[0].error}"
+                for item in planned
+            ]
+            slots = run_order(len(planned), repeats, config.stream.seed)
+            for slot in slots:
+                item, summary = planned[slot.configuration], summaries[slot.configuration]
+                conf = item.configuration
+                where = (
+                    f"measurement {slot.position + 1}/{len(slots)}: configuration {conf.index} "
+                    f"({conf.label}), repeat {slot.repeat + 1}/{repeats}"
+                )
+                if any(m.server_startup_s is None and m.status == "FAILED" for m in summary.measurements):
+                    logger.info("%s: skipped (its server did not start in an earlier repeat)", where)
+                    summary.skipped.append(slot.repeat)
+                    order.append({**slot.to_dict(), "label": conf.label, "done": "skipped"})
+                    continue
+                found = (
+                    finished_outcome(run.tracker, item.key, conf, slot.repeat) if config.tune.resume else None
+                )
+                if found is not None:
+                    logger.info("%s: FINISHED in run %s; skipped (resume)", where, found.mlflow_run_id)
+                    found.position = slot.position
+                    summary.measurements.append(found)
+                    order.append({**slot.to_dict(), "label": conf.label, "done": "resumed"})
+                    continue
+                logger.info("%s: starting the server", where)
+                outcome = measure_configuration(
+                    config,
+                    conf,
+                    item.key,
+                    run.target,
+                    run.run_id,
+                    run.workdir,
+                    slot.repeat,
+                    repeats,
+                    slot.position,
+                )
+                logger.info(
+                    "%s: %s%s", where, outcome.status, f": {outcome.error[:300]}" if outcome.error else ""
+                )
+                summary.measurements.append(outcome)
+                order.append({**slot.to_dict(), "label": conf.label, "done": "measured"})
+            for summary in summaries:
+                summary.measurements.sort(key=lambda m: m.repeat)
+            if summaries and all(s.status == "FAILED" for s in summaries):
+                error = f"every configuration FAILED; the first: {summaries[0].error()}"
         except Exception as exc:  # the plan refused, or tracking broke: what was measured stays
             error = f"{type(exc).__name__}: {exc}"
             logger.error("tune failed: %s", error)
-        result = _publish(run, outcomes, config)
-        run.finish(result.pop("metrics"), summary_text(outcomes, result, error), error)
-    return {"configurations": [o.to_dict() for o in outcomes], **result, "error": error, **run.links()}
+        measured = [s for s in summaries if s.measurements]
+        result = _publish(run, measured, config, order)
+        run.finish(result.pop("metrics"), summary_text(measured, result, error), error)
+    return {
+        "configurations": [s.to_dict() for s in measured],
+        **result,
+        "error": error,
+        **run.links(),
+    }
 
 
-def _publish(run, outcomes: list, config: TuneFlowConfig) -> dict:
-    """The answer on the parent run: tune.csv, tune.json, the plot; its metrics returned under
-    ``metrics`` for the run's end."""
+def _publish(run, summaries: list, config: TuneFlowConfig, order: list[dict]) -> dict:
+    """The answer on the parent run: tune.csv, tune.json, the plot, the rule's outcome as tag
+    ``tune_best_rule``; its metrics returned under ``metrics`` for the run's end."""
     import polars as pl
 
     from tasks.report.tune_plot import tune_plot
 
-    found = answer(outcomes, config)
+    found = answer(summaries, config)
     points = found.pop("points")
+    chosen = found.pop("best_obj")
     result = {
         "best": found["best"],
         "pareto": {axis: [p.to_dict() for p in front] for axis, front in found["pareto"].items()},
+        "order": order,
+        "repeats": config.tune.repeats,
     }
     if points:
         csv = run.workdir / "tune.csv"
         pl.DataFrame([p.to_dict() for p in points]).write_csv(csv)
         run.tracker.log_artifact(run.run_id, csv)
     run.tracker.log_dict(
-        run.run_id, {"configurations": [o.to_dict() for o in outcomes], **result}, "tune.json"
+        run.run_id, {"configurations": [o.to_dict() for o in summaries], **result}, "tune.json"
     )
+    run.set_tags({"tune_best_rule": chosen.rule})
     if run.tracker.enabled and points:
-        best_point = next(
-            (p for p in points if found["best"]["point"] and p.to_dict() == found["best"]["point"]), None
-        )
         run.tracker.log_artifact(
-            run.run_id, tune_plot(points, best_point, run.workdir / "plots/tune_pareto.png"), "plots"
+            run.run_id,
+            tune_plot(points, chosen.point, run.workdir / "plots/tune_pareto.png", chosen.tied),
+            "plots",
         )
     best = found["best"]["point"] or {}
     metrics = {
-        "tune_configurations": len(outcomes),
-        "tune_configurations_failed": sum(o.status == "FAILED" for o in outcomes),
-        "tune_configurations_resumed": sum(o.resumed for o in outcomes),
+        "tune_configurations": len(summaries),
+        "tune_configurations_failed": sum(o.status == "FAILED" for o in summaries),
+        "tune_configurations_resumed": sum(o.resumed for o in summaries),
         "tune_pareto_points": len(result["pareto"]["per_user_tokens_per_s"]),
         "tune_best_output_tokens_per_s": best.get("output_tokens_per_s"),
         "tune_best_goodput_requests_per_s": best.get("goodput_requests_per_s"),

@@ -1,4 +1,5 @@
-"""`infermeter tune` (issue 20): the grid and its checks, the front, and whole runs.
+"""`infermeter tune` (issue 20): the grid and its checks, the front, the repeats and the best's
+rule (issue 28), and whole runs.
 
 Whole runs go through the command a user types, against a real MLflow store: a user's own
 server (``--serve-cmd``: tests/tune_server.py, the ground-truth instrument behind a command line
@@ -21,7 +22,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.tune import argcheck
+from tasks.tune import argcheck, rule
 from tasks.tune.front import TunePoint, best, pareto
 from tasks.tune.grid import (
     TuneInputError,
@@ -32,6 +33,7 @@ from tasks.tune.grid import (
     parse_server_params,
     scalar,
 )
+from tasks.tune.repeats import combine_levels, run_order
 from tasks.tune.serve import command_line
 
 BIN = Path(sys.executable).parent / "infermeter"
@@ -163,6 +165,106 @@ def test_best_is_the_highest_goodput_among_levels_meeting_the_target() -> None:
     assert none.point is None and "no level" in none.reason
     no_slos = best(points, None, 0.95)
     assert no_slos.point.configuration == 1 and "no SLOs" in no_slos.reason
+    # one pass each: the top is named, but the answer says it was not tested
+    assert chosen.rule == "untested" and "one pass each gives no interval" in chosen.reason
+
+
+# the repeats and the best's rule (issue 28) ---------------------------------------------------
+
+
+def test_the_run_order_is_round_robin_each_round_shuffled_by_the_seed() -> None:
+    slots = run_order(3, 4, seed=0)
+    assert [s.position for s in slots] == list(range(12))
+    assert [s.repeat for s in slots] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3  # rounds in turn
+    rounds = [tuple(s.configuration for s in slots[r * 3 : r * 3 + 3]) for r in range(4)]
+    assert all(sorted(order) == [0, 1, 2] for order in rounds)  # each round: every one once
+    assert len(set(rounds)) > 1  # shuffled, not the same fixed order every round
+    assert run_order(3, 4, seed=0) == slots  # the seed replays it
+    assert any(run_order(3, 4, seed=s) != slots for s in range(1, 5))
+
+
+def test_a_points_interval_is_students_t_over_the_repeats() -> None:
+    found = rule.repeat_interval([10.0, 12.0, 14.0])
+    # mean 12, s = 2, t(0.975, 2) = 4.302653: 12 ± 4.302653 x 2 / sqrt(3)
+    assert (found.mean, found.count) == (12.0, 3)
+    assert found.low == pytest.approx(12 - 4.968275, abs=1e-5)
+    assert found.high == pytest.approx(12 + 4.968275, abs=1e-5)
+    assert rule.repeat_interval([7.5]).low is None and rule.repeat_interval([None]) is None
+    # Welch's two-sided p of 12 vs 10 (both s = 2, n = 3): t = 1.2247 on 4 df, p = 0.28786
+    difference, low, high, p = rule.welch([10, 12, 14], [8, 10, 12])
+    assert difference == 2.0 and p == pytest.approx(0.287864, abs=1e-5)
+    assert (low, high) == pytest.approx((2 - 4.533916, 2 + 4.533916), abs=1e-5)  # t(0.975, 4) x 1.633
+    # more repeats: t(0.975, 2(n-1)) x sqrt(8 / n) < 2 first holds at n = 9 (2.120 x 0.943 = 1.999)
+    assert rule.repeats_to_separate([10, 12, 14], [8, 10, 12], alpha=0.05) == 9
+
+
+def _repeated(conf: int, level: int, values: list[float], slos: bool = False) -> TunePoint:
+    """A point whose objective is the mean of ``values`` (its repeats)."""
+    from tasks.tune.front import point
+
+    figure = "goodput_requests_per_s" if slos else "output_tokens_per_s"
+    metrics = {figure: sum(values) / len(values), "goodput_fraction": 1.0 if slos else None}
+    metrics.setdefault("output_tokens_per_s", 10.0)
+    return point(conf, f"c{conf}", level, {"max_concurrency": 1, "metrics": metrics}, {figure: values})
+
+
+def test_overlapping_repeats_are_tied_within_noise_and_no_best_is_named() -> None:
+    """The issue's case: two configurations whose passes read 7.7 and 29.1 tokens/s, where
+    repeats show both readings for both."""
+    a, b = [29.1, 8.2, 27.5], [7.7, 28.0, 9.1]
+    points = [_repeated(0, 0, a), _repeated(1, 0, b)]
+    chosen = best(points, None, 0.95, {(0, 0): a, (1, 0): b})
+    assert chosen.point is None and chosen.rule == "tied"
+    assert [p.configuration for p in chosen.tied] == [0, 1]
+    assert chosen.reason.startswith("tied within noise on output_tokens_per_s")
+    assert "c0 c=1 21.6 tokens/s [" in chosen.reason and "c1 c=1 14.9 tokens/s [" in chosen.reason
+    [(_, comparison)] = chosen.comparisons
+    assert not comparison.separated and comparison.p_value > 0.05
+    assert comparison.ci_low < 0 < comparison.ci_high
+    # 21.6 vs 14.9 with spreads of ~11 tokens/s: 25 repeats of each would separate them
+    assert chosen.repeats_to_separate == 25 and "about --repeats 25 (22 more of each" in chosen.reason
+    data = chosen.to_dict()
+    assert data["point"] is None and data["rule"] == "tied" and len(data["tied"]) == 2
+    assert data["top"]["configuration"] == 0 and data["comparisons"][0]["more_repeats"] == 22
+    assert points[0].output_tokens_per_s_ci_low < 8.2 and points[0].output_tokens_per_s_ci_high > 29.1
+
+
+def test_separated_repeats_name_the_best_with_its_interval() -> None:
+    a, b = [30.1, 29.6, 30.4], [20.2, 19.8, 20.5]
+    chosen = best([_repeated(0, 0, a), _repeated(1, 0, b)], None, 0.95, {(0, 0): a, (1, 0): b})
+    assert chosen.rule == "best" and chosen.point.configuration == 0 and not chosen.tied
+    [(runner, comparison)] = chosen.comparisons
+    assert runner.configuration == 1 and comparison.separated and comparison.p_value < 0.001
+    assert comparison.difference == pytest.approx(9.8667, abs=1e-4) and comparison.ci_low > 9
+    assert "separated from the runner-up c1 c=1 20.2 tokens/s" in chosen.reason
+
+
+def test_the_best_must_be_separated_from_every_other_configuration_holm() -> None:
+    """Separated from the runner-up is not enough: a third, noisy configuration whose interval
+    reaches the top is tied with it. Under SLOs the objective is goodput."""
+    top, runner, noisy = [5.0, 5.1, 4.9], [3.0, 3.1, 2.9], [1.0, 6.0, 2.0]
+    samples = {(0, 0): top, (1, 0): runner, (2, 0): noisy}
+    points = [_repeated(i, 0, v, slos=True) for (i, _), v in samples.items()]
+    chosen = best(points, {"ttft_ms": 500}, 0.95, samples)
+    assert chosen.rule == "tied" and chosen.objective == "goodput_requests_per_s"
+    assert [p.configuration for p in chosen.tied] == [0, 2]
+    assert [c.separated for _, c in chosen.comparisons] == [True, False]
+    # each configuration's best level is its candidate: a second level of 0 is not a rival
+    samples[(0, 1)] = [4.0, 4.1, 3.9]
+    points.append(_repeated(0, 1, samples[(0, 1)], slos=True))
+    assert [p.configuration for p, _ in best(points, {"ttft_ms": 500}, 0.95, samples).comparisons] == [1, 2]
+
+
+def test_repeats_combine_level_by_level() -> None:
+    def level(c, tput, ttft):
+        return {"max_concurrency": c, "request_rate": None,
+                "metrics": {"output_tokens_per_s": tput, "ttft_ms_p99": ttft, "note": "x"}}  # fmt: skip
+
+    combined = combine_levels([[level(1, 10.0, 100), level(4, 30.0, 400)], [level(1, 14.0, 120)]])
+    assert [(c.max_concurrency, c.repeats) for c in combined] == [(1, 2), (4, 1)]
+    assert combined[0].metrics == {"output_tokens_per_s": 12.0, "ttft_ms_p99": 110.0, "note": "x"}
+    assert combined[0].values["output_tokens_per_s"] == (10.0, 14.0)
+    assert combined[1].metrics["output_tokens_per_s"] == 30.0
 
 
 # whole runs through the command ------------------------------------------------------------
@@ -184,7 +286,8 @@ def _tune(tmp_path: Path, *options: str, timeout: int = 600) -> subprocess.Compl
 
 @pytest.fixture(scope="module")
 def own_server_run(tmp_path_factory):
-    """Three configurations of a user's own server (one crashes), run twice: the second resumes."""
+    """Three configurations of a user's own server (one crashes), the default 3 repeats in
+    interleaved rounds, run twice: the second resumes."""
     tmp = tmp_path_factory.mktemp("tune-own")
     config = tmp / "tune.yaml"
     config.write_text(
@@ -208,7 +311,8 @@ def test_each_configuration_is_measured_and_a_crash_is_recorded_and_skipped(own_
     tmp, first, _ = own_server_run
     assert first.returncode == 0, first.stderr[-3000:]
     data = json.loads((tmp / "first.json").read_text())
-    assert set(data) == {"configurations", "best", "pareto", "mlflow_run_id"}
+    assert set(data) == {"configurations", "best", "pareto", "order", "repeats", "mlflow_run_id"}
+    assert data["repeats"] == 3
     confs = data["configurations"]
     assert [c["status"] for c in confs] == ["FINISHED", "FINISHED", "FAILED"]
     assert [c["server_params"] for c in confs] == [
@@ -216,15 +320,45 @@ def test_each_configuration_is_measured_and_a_crash_is_recorded_and_skipped(own_
         {"startup_delay_s": 0.6},
         {"crash": True},
     ]
+    assert [len(c["repeats"]) for c in confs] == [3, 3, 1]  # a server that cannot start: once
+    assert [c["repeats_skipped"] for c in confs] == [[], [], [1, 2]]
     assert confs[1]["server_startup_s"] - confs[0]["server_startup_s"] > 0.5  # the delay it was given
     assert confs[2]["server_startup_s"] is None
     assert "exited with code 3" in confs[2]["error"] and "crashing before it is healthy" in confs[2]["error"]
     for conf in confs[:2]:
         assert [lv["max_concurrency"] for lv in conf["levels"]] == [1, 2]
-        assert all(lv["metrics"]["num_succeeded"] == 4 for lv in conf["levels"])
-    assert data["best"]["point"]["configuration"] in (0, 1) and data["best"]["server_params"]
+        assert all(lv["metrics"]["num_succeeded"] == 4 and lv["repeats"] == 3 for lv in conf["levels"])
+        for lv in conf["levels"]:  # the mean over the repeats, inside its interval over them
+            each = [
+                r["levels"][conf["levels"].index(lv)]["metrics"]["output_tokens_per_s"]
+                for r in conf["repeats"]
+            ]
+            assert lv["metrics"]["output_tokens_per_s"] == pytest.approx(sum(each) / 3)
+            assert (
+                lv["output_tokens_per_s_ci_low"]
+                < lv["metrics"]["output_tokens_per_s"]
+                < lv["output_tokens_per_s_ci_high"]
+            )
+            assert lv["goodput_requests_per_s_ci_low"] is not None
+    best_found = data["best"]
+    assert best_found["rule"] in ("best", "tied") and best_found["objective"] == "goodput_requests_per_s"
+    assert len(best_found["comparisons"]) == 1 and best_found["top"]["configuration"] in (0, 1)
+    if best_found["rule"] == "best":  # the two servers are the same instrument: most often tied
+        assert best_found["point"]["configuration"] in (0, 1) and best_found["server_params"]
+        assert best_found["comparisons"][0]["separated"] and "best: startup_delay_s=" in first.stdout
+    else:
+        assert best_found["point"] is None and len(best_found["tied"]) == 2
+        assert "best: none (tied within noise on goodput_requests_per_s" in first.stdout
     assert data["pareto"]["per_user_tokens_per_s"]
     assert "configuration 2 (crash=true) FAILED" in first.stdout
+    assert "3 configurations x 3 interleaved rounds" in first.stdout
+
+    # the order: round-robin, each round shuffled from the seed (0), recorded as measured
+    expected = [(s.position, s.repeat, s.configuration) for s in run_order(3, 3, seed=0)]
+    assert [(o["position"], o["repeat"], o["configuration"]) for o in data["order"]] == expected
+    crash = [o["done"] for o in data["order"] if o["configuration"] == 2]
+    assert crash == ["measured", "skipped", "skipped"]
+    assert all(o["done"] == "measured" for o in data["order"] if o["configuration"] != 2)
 
     from mlflow.tracking import MlflowClient
 
@@ -235,6 +369,7 @@ def test_each_configuration_is_measured_and_a_crash_is_recorded_and_skipped(own_
         parent.data.metrics["tune_configurations"] == 3
         and parent.data.metrics["tune_configurations_failed"] == 1
     )
+    assert parent.data.tags["tune_best_rule"] == best_found["rule"]
     artifacts = {a.path for a in client.list_artifacts(parent.info.run_id)}
     assert {"tune.csv", "tune.json", "summary.md"} <= artifacts
     assert "plots/tune_pareto.png" in {a.path for a in client.list_artifacts(parent.info.run_id, "plots")}
@@ -242,14 +377,26 @@ def test_each_configuration_is_measured_and_a_crash_is_recorded_and_skipped(own_
     children = client.search_runs(
         experiment,
         f"tags.mlflow.parentRunId = '{parent.info.run_id}'",
-        order_by=["params.configuration_index"],
+        order_by=["attributes.start_time ASC"],
     )
-    assert [c.info.status for c in children] == ["FINISHED", "FINISHED", "FAILED"]
-    assert children[1].data.params["startup_delay_s"] == "0.6"
-    assert children[1].data.tags["server_flags"] == "--startup-delay-s 0.6"
-    assert children[1].data.metrics["server_startup_s"] == pytest.approx(confs[1]["server_startup_s"])
-    assert "server_log_tail.txt" in {a.path for a in client.list_artifacts(children[2].info.run_id)}
-    stage = client.search_runs(experiment, f"tags.mlflow.parentRunId = '{children[0].info.run_id}'")
+    # a child per measurement, started in the recorded order: the interleaving really happened
+    measured = [(o["configuration"], o["repeat"]) for o in data["order"] if o["done"] == "measured"]
+    assert [
+        (int(c.data.params["configuration_index"]), int(c.data.tags["tune_repeat"])) for c in children
+    ] == measured
+    assert [int(c.data.tags["tune_position"]) for c in children] == [
+        o["position"] for o in data["order"] if o["done"] == "measured"
+    ]
+    by = {(int(c.data.params["configuration_index"]), int(c.data.tags["tune_repeat"])): c for c in children}
+    assert [by[(i, 0)].info.status for i in range(3)] == ["FINISHED", "FINISHED", "FAILED"]
+    assert by[(1, 1)].info.run_name == "tune 1: startup_delay_s=0.6 (repeat 2/3)"
+    assert by[(1, 2)].data.params["startup_delay_s"] == "0.6"
+    assert by[(1, 2)].data.tags["server_flags"] == "--startup-delay-s 0.6"
+    assert by[(1, 2)].data.metrics["server_startup_s"] == pytest.approx(
+        confs[1]["repeats"][2]["server_startup_s"]
+    )
+    assert "server_log_tail.txt" in {a.path for a in client.list_artifacts(by[(2, 0)].info.run_id)}
+    stage = client.search_runs(experiment, f"tags.mlflow.parentRunId = '{by[(0, 1)].info.run_id}'")
     assert len(stage) == 1  # the stream stage, and its two levels below it
     levels = client.search_runs(experiment, f"tags.mlflow.parentRunId = '{stage[0].info.run_id}'")
     assert len(levels) == 2
@@ -259,19 +406,28 @@ def test_a_second_run_resumes_the_finished_configurations(own_server_run) -> Non
     tmp, first, second = own_server_run
     assert second.returncode == 0, second.stderr[-3000:]
     before = json.loads((tmp / "first.json").read_text())["configurations"]
-    after = json.loads((tmp / "second.json").read_text())["configurations"]
+    after_data = json.loads((tmp / "second.json").read_text())
+    after = after_data["configurations"]
     assert [c["resumed"] for c in after] == [True, True, False]  # a FAILED one is tried again
+    assert [[r["resumed"] for r in c["repeats"]] for c in after] == [[True] * 3, [True] * 3, [False]]
     assert [c["mlflow_run_id"] for c in after[:2]] == [c["mlflow_run_id"] for c in before[:2]]
     assert after[0]["levels"] == before[0]["levels"]
+    assert [r["mlflow_run_id"] for r in after[1]["repeats"]] == [
+        r["mlflow_run_id"] for r in before[1]["repeats"]
+    ]
     assert second.stdout.count("(resumed)") == 4  # two levels each
+    assert [o["done"] for o in after_data["order"] if o["configuration"] == 0] == ["resumed"] * 3
 
 
 def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:
     """SIGKILL of the command while the second configuration's server starts: the lifeline
     stops that server; the same command again reads the first configuration back from MLflow
     and measures only the second."""
+    # one pass; the order is shuffled from the seed (0): the quick server goes first
+    delays = "0,6" if run_order(2, 1, seed=0)[0].configuration == 0 else "6,0"
     command = [str(BIN), "tune", "--serve-cmd", SERVE_CMD, "--model", MODEL, "--tokenizer", "gguf:default",
-               "--server-param", "startup_delay_s=0,6", *WORKLOAD[:6], "--json", str(tmp_path / "t.json")]  # fmt: skip
+               "--server-param", f"startup_delay_s={delays}", "--repeats", "1", *WORKLOAD[:6],
+               "--json", str(tmp_path / "t.json")]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=_env(tmp_path))
     try:
         server = None
@@ -293,8 +449,9 @@ def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:
     again = subprocess.run(command, capture_output=True, text=True, timeout=600, env=_env(tmp_path))
     assert again.returncode == 0, again.stderr[-3000:]
     confs = json.loads((tmp_path / "t.json").read_text())["configurations"]
-    assert [(c["status"], c["resumed"]) for c in confs] == [("FINISHED", True), ("FINISHED", False)]
-    assert confs[1]["server_startup_s"] > 6
+    quick, slow = sorted(confs, key=lambda c: c["server_params"]["startup_delay_s"])
+    assert [(c["status"], c["resumed"]) for c in (quick, slow)] == [("FINISHED", True), ("FINISHED", False)]
+    assert slow["server_startup_s"] > 6
 
 
 @pytest.mark.parametrize(
@@ -307,6 +464,7 @@ def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:
         (["--server-param", "port=1"], "infermeter sets it itself"),
         (["--serve-cmd", "myserver --port 8000", "--server-param", "a=1"], "serve_cmd needs {port}"),
         (["--server-param", "n_threads=1", "--capacity"], "--capacity: the capacity search needs SLOs"),
+        (["--server-param", "n_threads=1", "--repeats", "0"], "--repeats"),
     ],
 )
 def test_bad_input_exits_2_before_any_server_starts(tmp_path: Path, options, words) -> None:
@@ -318,11 +476,63 @@ def test_bad_input_exits_2_before_any_server_starts(tmp_path: Path, options, wor
 def test_the_embedded_llamacpp_engine_with_two_thread_counts(tmp_path: Path) -> None:
     proc = _tune(
         tmp_path, "--server-param", "n_threads=1,2", "--num-requests", "3", "--warmup", "1",
-        "--max-tokens", "8", "--json", str(tmp_path / "t.json"),
+        "--max-tokens", "8", "--repeats", "1", "--json", str(tmp_path / "t.json"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
-    confs = json.loads((tmp_path / "t.json").read_text())["configurations"]
+    data = json.loads((tmp_path / "t.json").read_text())
+    assert data["best"]["rule"] == "untested" and "one pass each gives no interval" in proc.stdout
+    confs = data["configurations"]
     assert [c["status"] for c in confs] == ["FINISHED", "FINISHED"]
     assert [c["server_flags"] for c in confs] == [["--n_threads", "1"], ["--n_threads", "2"]]
     assert all(0 < c["server_startup_s"] < 120 for c in confs)
     assert all(c["levels"][0]["metrics"]["num_succeeded"] == 3 for c in confs)
+
+
+@pytest.mark.parametrize(
+    ("readings", "rule_outcome", "line"),
+    [
+        (
+            {0: [29.1, 8.2, 27.5], 1: [7.7, 28.0, 9.1]},
+            "tied",
+            "best: none (tied within noise on output_tokens_per_s",
+        ),
+        (
+            {0: [30.1, 29.6, 30.4], 1: [20.2, 19.8, 20.5]},
+            "best",
+            "best: a at concurrency 1: highest output tokens/s",
+        ),
+    ],
+)
+def test_the_table_and_json_say_the_rules_outcome(capsys, readings, rule_outcome, line) -> None:
+    """Planted repeats through the flow's answer and the command's table: the tie, the best."""
+    from flows.commands.tune import print_tune
+    from flows.tune import answer
+    from tasks.config import TuneFlowConfig
+    from tasks.pipeline.tune import ConfigurationOutcome, ConfigurationSummary
+
+    summaries = []
+    for index, values in readings.items():
+        label = "ab"[index]
+        summary = ConfigurationSummary(index, label, {"x": index}, ["--x", str(index)])
+        for repeat, tput in enumerate(values):
+            level = {"max_concurrency": 1, "request_rate": None,
+                     "metrics": {"output_tokens_per_s": tput, "tpot_ms_p50": 20.0, "ttft_ms_p99": 50.0}}  # fmt: skip
+            summary.measurements.append(
+                ConfigurationOutcome(index, label, {"x": index}, [], "FINISHED", 1.0, [level], repeat=repeat)
+            )
+        summaries.append(summary)
+    found = answer(summaries, TuneFlowConfig())
+    assert found["best"]["rule"] == rule_outcome
+    result = {
+        "configurations": [s.to_dict() for s in summaries],
+        "best": found["best"],
+        "pareto": {k: [p.to_dict() for p in v] for k, v in found["pareto"].items()},
+    }
+    print_tune(result)
+    out = capsys.readouterr().out
+    assert line in out
+    level = result["configurations"][0]["levels"][0]
+    half = level["output_tokens_per_s_ci_high"] - level["metrics"]["output_tokens_per_s"]
+    assert f"{level['metrics']['output_tokens_per_s']:.1f} ± {half:.1f}" in out  # the objective's interval
+    mark = "tied" if rule_outcome == "tied" else "best"
+    assert out.count(f" {mark}") >= (2 if mark == "tied" else 1)

@@ -4,7 +4,9 @@ Builds a ``TuneFlowConfig`` from YAML (``--config``) and the flags, settles the 
 server starts (exit 2, one line naming the parameter: an empty grid, a parameter or value the
 engine's own parser refuses, more than ``--max-configurations`` without ``--yes``), runs the
 flow (``flows.tune``), writes ``--json`` (``{"configurations": [...], "best", "pareto",
-"mlflow_run_id"}``) and prints one row per configuration and level, the front and the best.
+"order", "repeats", "mlflow_run_id"}``) and prints one row per configuration and level (the
+means over the repeats, the objective's interval), the front, and the best by the rule of
+``tasks.tune.rule`` (named only where its repeats separate it; else "tied within noise").
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from flows.commands.options import (
     WarmupOption,
 )
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
-from flows.commands.workload import RepeatsOption, check_dataset
+from flows.commands.workload import check_dataset
 from tasks.config import TuneFlowConfig
 
 
@@ -74,7 +76,16 @@ def command(
     request_rate: RequestRateOption = None,
     num_requests: NumRequestsOption = None,
     warmup: WarmupOption = None,
-    repeats: RepeatsOption = None,
+    repeats: Annotated[
+        Optional[int],
+        typer.Option(
+            min=1,
+            help="Measure each configuration N times, a fresh server each, in interleaved rounds "
+            "(default 3): each level's figure gets its interval, and the best is named only where "
+            "it is separated from the rest (1: one pass, untested). Each level N times in a row on "
+            "one server: stream.repeats in --config.",
+        ),
+    ] = None,
     max_tokens: MaxTokensOption = None,
     input_len: InputLenOption = None,
     output_len: OutputLenOption = None,
@@ -112,6 +123,7 @@ def command(
             "yes": True if yes else None,
             "resume": False if no_resume else None,
             "capacity": True if capacity else None,
+            "repeats": repeats,
         },
     )
     cfg = apply_overrides(cfg, "server", {"engine": engine, "startup_timeout_s": startup_timeout_s})
@@ -126,7 +138,6 @@ def command(
             "request_rate": parse_list("--request-rate", request_rate, rate),
             "num_requests": num_requests,
             "warmup": warmup,
-            "repeats": repeats,
             "max_tokens": max_tokens,
             "input_len": input_len,
             "output_len": output_len,
@@ -147,7 +158,12 @@ def command(
         planned = plan(cfg)  # the flow plans again; here a refusal costs seconds, not a server start
     except (TuneInputError, ServerStartError) as exc:
         fail_input(str(exc))
-    console.print(f"tune: {len(planned)} configurations, each a fresh server", highlight=False)
+    repeats_text = f"{cfg.tune.repeats} interleaved rounds" if cfg.tune.repeats > 1 else "one pass"
+    console.print(
+        f"tune: {len(planned)} configurations x {repeats_text}, a fresh server each "
+        f"({len(planned) * cfg.tune.repeats} starts)",
+        highlight=False,
+    )
 
     from flows.tune import tune
 
@@ -157,7 +173,7 @@ def command(
         cfg,
         track=not no_track,
         json_path=json_path,
-        json_keys=("configurations", "best", "pareto"),
+        json_keys=("configurations", "best", "pareto", "order", "repeats"),
     )
     print_tune(result)
     print_run_links(result)
@@ -167,13 +183,22 @@ def command(
 
 
 def print_tune(result: dict) -> None:
-    """One row per configuration and level (a failed configuration: one row with its status),
-    a mark on the front's rows, then the best and why."""
+    """One row per configuration and level (a failed configuration: one row with its status):
+    the means over the repeats (``n``), the objective's interval, a mark on the front's rows and
+    on the best (or the points tied within noise), then the rule's outcome and why."""
     front = {(p["configuration"], p["level"]) for p in result["pareto"]["per_user_tokens_per_s"]}
     front |= {(p["configuration"], p["level"]) for p in result["pareto"]["ttft_ms_p99"]}
-    best = (result.get("best") or {}).get("point")
+    chosen = result.get("best") or {}
+    best = chosen.get("point")
+    tied = {(p["configuration"], p["level"]) for p in chosen.get("tied") or []}
+    objective = chosen.get("objective") or "output_tokens_per_s"
+    goodput = objective == "goodput_requests_per_s"
+    plus = f"\n± {chosen.get('confidence', 0.95):.0%}"  # the objective's interval over the repeats
+    counts = {lv.get("repeats", 1) for conf in result["configurations"] for lv in conf["levels"]}
+    varied = len(counts) > 1  # a column only when some level has fewer repeats (a failed one)
+    each = f", {counts.pop()} repeats each" if len(counts) == 1 else ""
     table = make_table(
-        "infermeter tune (ms)",
+        f"infermeter tune (ms{each})",
         [
             (t, j)
             for t, j in (
@@ -182,36 +207,54 @@ def print_tune(result: dict) -> None:
                 ("status", "left"),
                 ("startup s", "right"),
                 ("conc", "right"),
-                ("tok/s", "right"),
+                *((("n", "right"),) if varied else ()),
+                ("tok/s" + ("" if goodput else plus), "right"),
                 ("tok/s\nper user", "right"),
                 ("TTFT\np99", "right"),
+                *((("goodput\nreq/s" + plus, "right"),) if goodput else ()),
                 ("front", "left"),
             )
         ],
         compact=True,
     )
+
+    def with_interval(level: dict, figure: str) -> str:
+        value = level["metrics"].get(figure)
+        high = level.get(f"{figure}_ci_high")
+        if value is None or high is None:
+            return fmt_value(value)
+        # Student's t interval is symmetric (its low end may be cut at 0: a rate is not negative)
+        return f"{fmt_value(value)} ± {fmt_value(high - value)}"
+
     for conf in result["configurations"]:
         status = conf["status"] + (" (resumed)" if conf.get("resumed") else "")
         startup = fmt_value(conf["server_startup_s"])
         rows = conf["levels"] or [None]
         for level_index, level in enumerate(rows):
             if level is None:
-                table.add_row(str(conf["index"]), conf["label"], status, startup, "", "", "", "", "")
+                table.add_row(
+                    str(conf["index"]), conf["label"], status, startup, *[""] * (7 if goodput else 6)
+                )
                 continue
             m = level["metrics"]
             tpot = m.get("tpot_ms_p50")
-            mark = "*" if (conf["index"], level_index) in front else ""
-            if best and (best["configuration"], best["level"]) == (conf["index"], level_index):
+            key = (conf["index"], level_index)
+            mark = "*" if key in front else ""
+            if best and (best["configuration"], best["level"]) == key:
                 mark += " best"
+            elif key in tied:
+                mark += " tied"
             table.add_row(
                 str(conf["index"]),
                 conf["label"],
                 status,
                 startup,
                 str(level["max_concurrency"]),
-                fmt_value(m.get("output_tokens_per_s")),
+                *((str(level.get("repeats", 1)),) if varied else ()),
+                fmt_value(m.get("output_tokens_per_s")) if goodput else with_interval(level, objective),
                 fmt_value(1000 / tpot if tpot else None),
                 fmt_value(m.get("ttft_ms_p99")),
+                *((with_interval(level, objective),) if goodput else ()),
                 mark,
             )
     console.print(table)
@@ -221,7 +264,6 @@ def print_tune(result: dict) -> None:
             console.print(
                 f"configuration {conf['index']} ({conf['label']}) {conf['status']}: {first}", highlight=False
             )
-    chosen = result.get("best") or {}
     if chosen.get("point"):
         p = chosen["point"]
         console.print(

@@ -37,6 +37,16 @@ class TuneConfig(_Strict):
     resume: bool = Field(
         True, description="Skip configurations already FINISHED in MLflow with the same settings."
     )
+    repeats: int = Field(
+        3,
+        ge=1,
+        description="Times each configuration is measured, each time a fresh server, in "
+        "interleaved rounds (every configuration once per round, each round's order shuffled "
+        "from stream.seed); each level's objective gets Student's t interval over the repeats "
+        "and the best is named only where it is separated from the rest (tasks.tune.rule). "
+        "3 is the fewest for an interval that means something; 1 names the top of one pass, "
+        "untested.",
+    )
     capacity: bool = Field(
         False,
         description="Run the capacity search (under stream.goodput) per configuration instead "

@@ -1,5 +1,7 @@
-"""The tune run's plot: every measured level a point, the Pareto fronts drawn, the best marked
-(matplotlib, Agg; the backend is set by ``tasks.report.plots``)."""
+"""The tune run's plot: every measured level a point (the mean over its repeats, its output
+tokens/s interval as a horizontal bar), the Pareto fronts drawn, the best marked, or the points
+tied within noise ringed when the rule names none (matplotlib, Agg; the backend is set by
+``tasks.report.plots``)."""
 
 from __future__ import annotations
 
@@ -16,10 +18,14 @@ PANELS = (
 )
 
 
-def tune_plot(points: Sequence[TunePoint], best: TunePoint | None, path: str | Path) -> Path:
+def tune_plot(
+    points: Sequence[TunePoint], best: TunePoint | None, path: str | Path, tied: Sequence[TunePoint] = ()
+) -> Path:
     """One PNG, two panels sharing the throughput axis: per-user tokens/s and TTFT p99 against
     output tokens/s, a colour per configuration (legend: its parameters), each point labelled by
-    its concurrency, the front as a dashed line through its points, the best as a star."""
+    its concurrency with its output tokens/s interval over the repeats as an error bar, the
+    front as a dashed line through its points, the best as a star, or the ``tied`` points (tied
+    within noise: no best named) ringed."""
     fig, axes = plt.subplots(1, 2, figsize=(12.5, 4.4))
     labels = {p.configuration: p.label for p in points}
     for ax, (attr, ylabel) in zip(axes, PANELS):
@@ -33,6 +39,21 @@ def tune_plot(points: Sequence[TunePoint], best: TunePoint | None, path: str | P
                 label=label[:48],
                 zorder=3,
             )
+            bars = [p for p in mine if p.output_tokens_per_s_ci_low is not None]
+            if bars:  # the interval over the repeats (tasks.tune.rule): how far apart is apart
+                ax.errorbar(
+                    [p.output_tokens_per_s for p in bars],
+                    [getattr(p, attr) for p in bars],
+                    xerr=[
+                        [p.output_tokens_per_s - p.output_tokens_per_s_ci_low for p in bars],
+                        [p.output_tokens_per_s_ci_high - p.output_tokens_per_s for p in bars],
+                    ],
+                    fmt="none",
+                    ecolor=f"C{index % 10}",
+                    elinewidth=1,
+                    capsize=3,
+                    zorder=3,
+                )
             for p in mine:
                 ax.annotate(
                     f"c={p.max_concurrency}",
@@ -62,6 +83,19 @@ def tune_plot(points: Sequence[TunePoint], best: TunePoint | None, path: str | P
                 edgecolors="C3",
                 linewidths=1.5,
                 label="best under SLOs",
+                zorder=4,
+            )
+        ringed = [p for p in tied if p.output_tokens_per_s is not None and getattr(p, attr) is not None]
+        if ringed:
+            ax.scatter(
+                [p.output_tokens_per_s for p in ringed],
+                [getattr(p, attr) for p in ringed],
+                marker="o",
+                s=220,
+                facecolors="none",
+                edgecolors="C3",
+                linewidths=1.5,
+                label="tied within noise (no best)",
                 zorder=4,
             )
         ax.set_xlabel("output tokens/s per instance")

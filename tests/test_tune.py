@@ -172,15 +172,19 @@ def test_best_is_the_highest_goodput_among_levels_meeting_the_target() -> None:
 # the repeats and the best's rule (issue 28) ---------------------------------------------------
 
 
-def test_the_run_order_is_round_robin_each_round_shuffled_by_the_seed() -> None:
+def test_the_run_order_is_round_robin_in_seeded_latin_squares() -> None:
     slots = run_order(3, 4, seed=0)
     assert [s.position for s in slots] == list(range(12))
     assert [s.repeat for s in slots] == [0] * 3 + [1] * 3 + [2] * 3 + [3] * 3  # rounds in turn
     rounds = [tuple(s.configuration for s in slots[r * 3 : r * 3 + 3]) for r in range(4)]
     assert all(sorted(order) == [0, 1, 2] for order in rounds)  # each round: every one once
-    assert len(set(rounds)) > 1  # shuffled, not the same fixed order every round
+    for place in range(3):  # the first three rounds: each configuration once in each place
+        assert sorted(order[place] for order in rounds[:3]) == [0, 1, 2]
     assert run_order(3, 4, seed=0) == slots  # the seed replays it
     assert any(run_order(3, 4, seed=s) != slots for s in range(1, 5))
+    two = [tuple(s.configuration for s in run_order(2, 3, seed=s)[:4]) for s in range(6)]
+    assert all(order[:2] == order[2:][::-1] for order in two)  # A B then B A, whatever the seed
+    assert {order[:2] for order in two} == {(0, 1), (1, 0)}  # which goes first: the seed's
 
 
 def test_a_points_interval_is_students_t_over_the_repeats() -> None:

@@ -193,10 +193,12 @@ def print_tune(result: dict) -> None:
     tied = {(p["configuration"], p["level"]) for p in chosen.get("tied") or []}
     objective = chosen.get("objective") or "output_tokens_per_s"
     goodput = objective == "goodput_requests_per_s"
-    plus = f"\n± {chosen.get('confidence', 0.95):.0%}"  # the objective's interval over the repeats
-    counts = {lv.get("repeats", 1) for conf in result["configurations"] for lv in conf["levels"]}
+    levels = [lv for conf in result["configurations"] for lv in conf["levels"]]
+    shown = any(lv.get(f"{objective}_ci_high") is not None for lv in levels)
+    plus = f"\n± {chosen.get('confidence', 0.95):.0%}" if shown else ""  # the interval over the repeats
+    counts = {lv.get("repeats", 1) for lv in levels}
     varied = len(counts) > 1  # a column only when some level has fewer repeats (a failed one)
-    each = f", {counts.pop()} repeats each" if len(counts) == 1 else ""
+    each = f", {counts.pop()} repeats each" if len(counts) == 1 and not counts & {1} else ""
     table = make_table(
         f"infermeter tune (ms{each})",
         [

@@ -1,16 +1,21 @@
 """A tune run's repeats: the order they are measured in, and a configuration's repeats as one.
 
 **Order.** ``tune.repeats`` rounds; each round measures every configuration once, each with a
-fresh server, in an order shuffled from the seed (``random.Random`` seeded with the text
-``tune-order:<seed>``, so a seed replays the order). Round-robin with a shuffle is the
-"randomized block" design: a drift of the machine over the run (another job starting, a
-thermal state, a cache filling) lands on every configuration alike instead of on whichever
-came last, and a slow spell hits one repeat of each configuration, not all the repeats of
-one (Box, Hunter & Hunter, *Statistics for Experimenters*, 2nd ed., 2005, ch. 4; Georges,
-Buytaert & Eeckhout, "Statistically Rigorous Java Performance Evaluation", OOPSLA 2007, for
-run-to-run variance in benchmarks). A server per repeat, not one per configuration kept up
-between rounds: the start itself (memory layout, compilation, warm caches) is part of what
-varies from one deployment to the next.
+fresh server. The rounds come in blocks of as many rounds as there are configurations, each
+block a Latin square drawn from the seed (a shuffled order, its rotations, the rotations
+shuffled: ``random.Random`` seeded with the text ``tune-order:<seed>``, so a seed replays it),
+so within a block each configuration comes once in each position of a round; the last block is
+cut to the rounds left. This is the "randomized block" design with the order counterbalanced
+(Box, Hunter & Hunter, *Statistics for Experimenters*, 2nd ed., 2005, ch. 4, blocks and Latin
+squares): a drift of the machine over the run (another job starting, a thermal state, a cache
+filling) lands on every configuration alike instead of on whichever came last, and a slow spell
+hits one repeat of each configuration, not all the repeats of one (run-to-run variance in
+benchmarks: Georges, Buytaert & Eeckhout, "Statistically Rigorous Java Performance Evaluation",
+OOPSLA 2007). Plain independent shuffles would leave two configurations in the same order in
+every round one time in four over 3 rounds. A server per repeat, not one per configuration kept
+up between rounds: the start itself (memory layout, compilation, warm caches) is part of what
+varies from one deployment to the next, and interleaving needs it anyway (two servers of one
+GPU's size cannot run side by side).
 
 **Combining.** A configuration's levels are matched across its repeats by their concurrency and
 rate (the k-th level of that pair), and each numeric figure of a combined level is the mean
@@ -53,7 +58,8 @@ class Slot:
 
 
 def run_order(configurations: int, repeats: int, seed: int) -> list[Slot]:
-    """``repeats`` rounds of every configuration once, each round shuffled (module docstring).
+    """``repeats`` rounds of every configuration once, in seeded Latin-square blocks (module
+    docstring).
 
     Raises:
         ValueError: fewer than 1 configuration or repeat.
@@ -61,10 +67,15 @@ def run_order(configurations: int, repeats: int, seed: int) -> list[Slot]:
     if configurations < 1 or repeats < 1:
         raise ValueError(f"run_order: need >= 1 configuration and repeat, got {configurations}, {repeats}")
     rng = random.Random(f"tune-order:{seed}")
+    rounds: list[list[int]] = []
+    while len(rounds) < repeats:
+        base = list(range(configurations))
+        rng.shuffle(base)
+        square = [base[k:] + base[:k] for k in range(configurations)]  # each once in each position
+        rng.shuffle(square)
+        rounds += square
     slots: list[Slot] = []
-    for repeat in range(repeats):
-        order = list(range(configurations))
-        rng.shuffle(order)
+    for repeat, order in enumerate(rounds[:repeats]):
         slots += [Slot(len(slots) + k, repeat, index) for k, index in enumerate(order)]
     return slots
 

@@ -182,6 +182,9 @@ def test_the_run_order_is_round_robin_in_seeded_latin_squares() -> None:
         assert sorted(order[place] for order in rounds[:3]) == [0, 1, 2]
     assert run_order(3, 4, seed=0) == slots  # the seed replays it
     assert any(run_order(3, 4, seed=s) != slots for s in range(1, 5))
+    from tasks.config import TuneFlowConfig
+
+    assert TuneFlowConfig().tune.repeats == 3  # the default: the fewest for an interval to mean much
     two = [tuple(s.configuration for s in run_order(2, 3, seed=s)[:4]) for s in range(6)]
     assert all(order[:2] == order[2:][::-1] for order in two)  # A B then B A, whatever the seed
     assert {order[:2] for order in two} == {(0, 1), (1, 0)}  # which goes first: the seed's

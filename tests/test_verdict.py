@@ -55,6 +55,7 @@ def test_each_verdict_class_on_constructed_samples():
         "ttft_ms_p99": "inconclusive",  # 60 requests: 0.6 beyond the p99
         "itl_ms_p50": "unchanged",
         "output_tokens_per_s": "unchanged",
+        "ttft_ms_tail": "unchanged",  # the whole TTFT distribution, each run scaled to its median
     }
     assert "too few samples for p99" in same[1].note and same[1].change_pct_ci_low is None
     assert all(row.rule == "samples" and not row.regressed for row in same)
@@ -65,6 +66,7 @@ def test_each_verdict_class_on_constructed_samples():
         "ttft_ms_p99": "inconclusive",
         "itl_ms_p50": "regressed",
         "output_tokens_per_s": "regressed",  # throughput fell ~23 %: worse for a -10 threshold
+        "ttft_ms_tail": "unchanged",  # a whole-run factor moves no tail
     }
     row = worse[0]
     assert row.change_pct_ci_low < row.change_pct < row.change_pct_ci_high and row.change_pct_ci_low > 0

@@ -34,15 +34,23 @@ from dataclasses import asdict, dataclass, replace
 
 # Which metrics a threshold may name, and the defaults, live in the registry (re-exported).
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_known_metric
+from tasks.stats import tails
 from tasks.stats import verdict as test
 from tasks.stats.samples import Samples
+
+#: The per-request families whose tail is tested as a whole (a row ``<family>_tail``, judged when
+#: the thresholds name the family's figure at the tail test's quantile, e.g. ``ttft_ms_p90``).
+TAIL_FAMILIES = ("ttft_ms",)
 
 __all__ = [
     "DEFAULT_THRESHOLDS_PCT",
     "MetricVerdict",
     "baseline_from_runs",
+    "counts",
+    "counts_text",
     "is_known_metric",
     "judge_metric",
+    "overall",
     "verdict",
     "verdict_markdown",
 ]
@@ -141,13 +149,16 @@ def verdict(
     baseline_samples: Sequence[Samples | None] = (),
     confidence: float = 0.95,
     resamples: int = test.DEFAULT_RESAMPLES,
+    spreads: Mapping[str, test.RunSpread] | None = None,
 ) -> list[MetricVerdict]:
     """Judge every thresholded metric against the baseline run(s).
 
     The test (:mod:`tasks.stats.verdict`) when ``current_samples`` and one ``baseline_samples``
     per baseline run are all given; else the legacy rule (one baseline run: its value, no
     spread; several: their median, with min..max as spread), its rows' notes saying so. Either
-    way the baseline figure is the median of the runs' logged values.
+    way the baseline figure is the median of the runs' logged values. ``spreads``: per metric,
+    how much whole runs differ as the audit history shows it (:class:`tasks.stats.verdict.RunSpread`),
+    for a baseline of fewer runs than :data:`tasks.stats.verdict.MIN_BASELINE_RUNS`.
 
     Raises:
         ValueError: no baseline runs.
@@ -199,9 +210,35 @@ def verdict(
             pooled.get(group, []),
             confidence=confidence,
             resamples=resamples,
+            spread=(spreads or {}).get(metric),
         )
+    tail_thresholds: dict[str, float] = {}
+    for family in TAIL_FAMILIES:  # a tail that moved only a minority of the requests
+        figure = f"{family}_p{100 * tails.DEFAULT_QUANTILE:g}"
+        threshold = thresholds_pct.get(figure)
+        if threshold is None or not current_samples:
+            continue
+        shift = tails.tail_shift(
+            (current_samples or {}).get("stream", []),
+            pooled.get("stream", []),
+            family,
+            tails.DEFAULT_QUANTILE,
+        )
+        if isinstance(shift, tails.TailShift):
+            changes[f"{family}_tail"], tail_thresholds[f"{family}_tail"] = shift, threshold
     rows = []
-    for judged in test.judge(changes, {m: thresholds_pct[m] for m in changes}, confidence):
+    every = {**thresholds_pct, **tail_thresholds}
+    for judged in test.judge(changes, {m: every[m] for m in changes}, confidence):
+        if judged.tail is not None:
+            t = judged.tail
+            rows.append(
+                MetricVerdict(
+                    judged.metric, t.baseline_value, t.current_value, t.change_pct, every[judged.metric],
+                    None, None, judged.verdict == "regressed", judged.note, None, None, judged.verdict,
+                    min(t.p_worse, t.p_better), "samples",
+                )
+            )  # fmt: skip
+            continue
         c = judged.change
         median, low, high = medians[judged.metric]
         value = current.get(judged.metric)
@@ -224,13 +261,37 @@ def verdict(
             )
         )
     by_metric = {row.metric: row for row in rows} | legacy
-    return [by_metric[metric] for metric in thresholds_pct]
+    return [by_metric[metric] for metric in [*thresholds_pct, *tail_thresholds]]
+
+
+def overall(rows: Sequence[MetricVerdict]) -> str:
+    """The audit's one word: ``regressed`` (any metric regressed), else ``improved`` (any
+    improved), else ``unchanged`` (every judged metric unchanged; judged = a change could be
+    computed: a p99 with too few requests for it is not judged), else ``inconclusive``. Never
+    "ok" when nothing was settled."""
+    kinds = [row.verdict for row in rows]
+    if "regressed" in kinds:
+        return "regressed"
+    if "improved" in kinds:
+        return "improved"
+    judged = [row.verdict for row in rows if row.change_pct is not None]
+    return "unchanged" if judged and all(k == "unchanged" for k in judged) else "inconclusive"
+
+
+def counts(rows: Sequence[MetricVerdict]) -> dict[str, int]:
+    """How many metrics got each verdict class, in :data:`tasks.stats.verdict.VERDICTS` order."""
+    return {kind: sum(row.verdict == kind for row in rows) for kind in test.VERDICTS}
+
+
+def counts_text(rows: Sequence[MetricVerdict]) -> str:
+    """``2 regressed, 0 improved, 6 unchanged, 2 inconclusive``."""
+    return ", ".join(f"{n} {kind}" for kind, n in counts(rows).items())
 
 
 def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str, confidence: float = 0.95) -> str:
-    """The verdict as a markdown table (for MLflow and the Prefect artifact): every judged metric
-    with baseline, current, change and its interval, threshold, and verdict class."""
-    regressed = any(row.regressed for row in rows)
+    """The verdict as a markdown table (for MLflow and the Prefect artifact): the overall word
+    with the counts per class, then every judged metric with baseline, current, change and its
+    interval, threshold, and verdict class."""
     test_rows = [r for r in rows if r.rule == "samples"]
     rule = "a test on the samples: bootstrap intervals, Holm across metrics (docs/DESIGN.md)"
     if not test_rows:
@@ -238,7 +299,7 @@ def verdict_markdown(rows: Sequence[MetricVerdict], baseline_label: str, confide
     elif len(test_rows) < len(rows):
         rule += "; rows noted 'legacy rule' are judged by the median and spread"
     lines = [
-        f"# Regression verdict: {'REGRESSION' if regressed else 'no regression'}",
+        f"# Regression verdict: {overall(rows)} ({counts_text(rows)})",
         "",
         f"Baseline: {baseline_label}",
         "",

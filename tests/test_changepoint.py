@@ -129,7 +129,7 @@ def test_a_regressed_audit_does_not_join_the_baseline():
         None,
         (3,),
         True,
-        "the 3 audits of the history (no change point) (audit 3 left out: a change not yet confirmed by a later audit)",
+        "the 3 audits of the history (no change point) (audit 4 left out: a change not yet confirmed by a later audit)",
     )
 
 
@@ -143,15 +143,15 @@ def test_regressed_then_a_tail_then_improved_keep_the_first_three():
     assert choice.excluded == (3, 4, 5)
     assert choice.enough
     assert choice.note == (
-        "the 3 audits of the history (no change point) (audits 3, 4 left out: a departure the next "
-        "audits did not repeat; audit 5 left out: a change not yet confirmed by a later audit)"
+        "the 3 audits of the history (no change point) (audits 4, 5 left out: a departure the next "
+        "audits did not repeat; audit 6 left out: a change not yet confirmed by a later audit)"
     )
 
 
 def test_a_regression_the_next_audit_repeats_is_the_new_normal():
     choice = choose([NORMAL] * 3 + [SLOW, SLOW], [None] * 3 + ["regressed", "regressed"])
     assert choice == cp.BaselineChoice(
-        (3, 4), 3, (), False, "only 2 audits since the change point at audit 3: judged on those"
+        (3, 4), 3, (), False, "only 2 audits since the change point at audit 4: judged on those"
     )
 
 
@@ -173,7 +173,7 @@ def test_a_step_up_and_back_takes_the_runs_since_the_second():
     for verdicts in ([None] * 18, [None] * 6 + ["regressed"] + [None] * 5 + ["improved"] + [None] * 5):
         choice = choose(levels, verdicts)
         assert (choice.indices, choice.change_point, choice.excluded) == (tuple(range(12, 18)), 12, ())
-        assert choice.note == "the 6 audits since the change point at audit 12"
+        assert choice.note == "the 6 audits since the change point at audit 13"
 
 
 def test_a_slow_drift_is_cut_where_the_steps_are_large_enough():
@@ -200,7 +200,7 @@ def test_a_single_outlier_makes_no_change_point_and_stays_out():
             (6,),
         )
         assert choice.note == (
-            "the 9 audits of the history (no change point) (audit 6 left out: a departure the next audits did not repeat)"
+            "the 9 audits of the history (no change point) (audit 7 left out: a departure the next audits did not repeat)"
         )
 
 
@@ -246,6 +246,6 @@ def test_a_verdict_no_figure_explains_is_left_out():
         None,
         (3,),
         True,
-        "the 5 audits of the history (no change point) (audit 3 left out: judged regressed/improved, "
+        "the 5 audits of the history (no change point) (audit 4 left out: judged regressed/improved, "
         "no figure beyond its interval)",
     )

@@ -1,5 +1,5 @@
 """The typer app behind the `infermeter` console script: one command per flow, plus the
-embedded server, compare and serve (one module each under ``flows.commands``)."""
+embedded server, compare, history and serve (one module each under ``flows.commands``)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from flows.commands import (
     capacity,
     compare,
     deploy,
+    history,
     profile,
     server,
     stream,
@@ -32,6 +33,7 @@ app = typer.Typer(
 app.command("audit")(audit.command)
 app.command("server")(server.command)
 app.command("compare")(compare.command)
+app.command("history")(history.command)
 app.command("serve")(deploy.command)
 app.command("deploy")(deploy.deploy_command)
 app.command("stream")(stream.command)

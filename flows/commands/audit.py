@@ -31,7 +31,10 @@ def command(
     no_track: NoTrackOption = False,
     baseline: Annotated[
         Optional[str],
-        typer.Option(help="MLflow run id to compare with (default: median of the last audits)."),
+        typer.Option(
+            help="MLflow run id(s) pinned as the baseline, comma-separated (default: the audit "
+            "history's runs since its last change point)."
+        ),
     ] = None,
     fail_on_regression: Annotated[
         Optional[bool],
@@ -67,12 +70,15 @@ def command(
         check_embedded_engine(cfg)
         check_remote_endpoint(cfg)
     if cfg.regression.baseline_run_id and not no_track:
+        from tasks.report.baseline import pinned_ids
         from tasks.tracking import Tracker
 
-        try:
-            Tracker(cfg.tracking.experiment).run_metrics(cfg.regression.baseline_run_id)
-        except LookupError as exc:
-            fail_input(f"--baseline: {exc}")
+        tracker = Tracker(cfg.tracking.experiment)
+        for run_id in pinned_ids(cfg.regression):
+            try:
+                tracker.run_metrics(run_id)
+            except LookupError as exc:
+                fail_input(f"--baseline: {exc}")
     from flows.audit import audit as audit_flow
 
     state, result = run_flow(
@@ -106,8 +112,9 @@ def command(
 
 
 def print_verdict(verdict: dict) -> None:
-    """The regression line(s): the verdict, the metrics that regressed, the baseline runs; for
-    an incomparable baseline the fields that differ."""
+    """The verdict's one line (the overall word with the counts per class), each judged metric,
+    how the baseline was chosen and its runs; for an incomparable baseline the fields that
+    differ."""
     ids = ", ".join(verdict.get("baseline_run_ids") or [])
     if verdict.get("status") == "incomparable":
         fields = "; ".join(
@@ -119,16 +126,25 @@ def print_verdict(verdict: dict) -> None:
             highlight=False,
         )
     else:
-        regressed = ", ".join(
-            f"{row['metric']} ({row['change_pct']:+.1f} %)" for row in verdict["rows"] if row["regressed"]
-        )
+        counts = ", ".join(f"{n} {kind}" for kind, n in (verdict.get("counts") or {}).items())
+        moved = [
+            f"{row['metric']} ({row['change_pct']:+.1f} %)"
+            for row in verdict["rows"]
+            if row["verdict"] in ("regressed", "improved")
+        ]
         console.print(
-            f"Regression verdict ({verdict['baseline']}): "
-            + (f"REGRESSION in {regressed}" if verdict["regressed"] else "no regression"),
+            f"Regression verdict: {verdict['status'].upper()} ({counts})"
+            + (f" in {', '.join(moved)}" if moved else "")
+            + f"; baseline: {verdict['baseline']}",
             highlight=False,
+            markup=False,
         )
         for row in verdict["rows"]:  # each judged metric: its change, interval and class
             console.print(f"  {verdict_line(row)}", highlight=False, markup=False)
+        if verdict.get("baseline_note"):
+            console.print(
+                f"How the baseline was chosen: {verdict['baseline_note']}", highlight=False, markup=False
+            )
     console.print(f"Baseline runs: {ids}", highlight=False)
 
 

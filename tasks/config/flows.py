@@ -27,10 +27,12 @@ class RegressionConfig(_Strict):
     enabled: bool = Field(True, description="Compare with a baseline when one exists.")
     baseline_run_id: str | None = Field(
         None,
-        description="A named MLflow run as baseline; empty = median of the last N audits "
-        "of the same endpoint and model.",
+        description="MLflow run id(s) pinned as baseline, comma-separated; empty = the audit "
+        "history's runs since its last change point (same endpoint, model and workload).",
     )
-    baseline_last_n: int = Field(5, ge=1, description="N for the median baseline.")
+    baseline_last_n: int = Field(
+        10, ge=1, description="At most N audits since the last change point form the baseline."
+    )
     thresholds_pct: dict[str, float] = Field(
         default_factory=lambda: dict(metrics.DEFAULT_THRESHOLDS_PCT),
         description="Allowed change per metric in percent: +15 = latency may grow 15 %, "

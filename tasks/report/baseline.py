@@ -1,12 +1,15 @@
 """Choosing an audit's baseline and recording the verdict on its run.
 
-The baseline is a named run, or the last N finished audits of the same endpoint and model
-(identified by server kind + model + model file hash, never by URL or port). Either way a
-verdict is only given between like workloads: the parent runs' params and tags listed in
-:data:`WORKLOAD_PARAMS` and :data:`WORKLOAD_TAGS` (prompt lengths, max_tokens, concurrency
-levels, model file, engine) must agree, else the result is ``incomparable`` with the differing
-fields, and no metric is judged (unless ``regression.force_baseline``). Talks to MLflow only
-through a :class:`tasks.tracking.Tracker`.
+The baseline is either pinned by hand (``regression.baseline_run_id``: one run id or several,
+comma-separated) or taken from the audit history (:mod:`tasks.report.history`): the finished
+audits of the same endpoint and model (identified by server kind + model + model file hash,
+never by URL or port) with the same workload, segmented at their change points; the baseline is
+the stable stretch since the last confirmed change point. Either way a verdict is only given
+between like workloads: the parent runs' params and tags listed in :data:`WORKLOAD_PARAMS` and
+:data:`WORKLOAD_TAGS` (prompt lengths, max_tokens, concurrency levels, model file, engine) must
+agree, else the result is ``incomparable`` with the differing fields, and no metric is judged
+(unless ``regression.force_baseline``). Talks to MLflow only through a
+:class:`tasks.tracking.Tracker`.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import RegressionConfig
-from tasks.report.regression import MetricVerdict, verdict, verdict_markdown
+from tasks.report import history as audit_history
+from tasks.report.regression import MetricVerdict, counts, counts_text, overall, verdict, verdict_markdown
 from tasks.stats.samples import Samples, from_rows, rows
 from tasks.tracking import Tracker
 
@@ -128,9 +132,12 @@ def workload_differences(
 
 @dataclass
 class RegressionResult:
-    """The verdict. ``status``: ``regression``, ``ok``, or ``incomparable`` (the baseline's
-    workload differs: ``differences`` says how, ``rows`` is empty). ``forced``: judged although
-    the workload differs (``force_baseline``)."""
+    """The verdict. ``status``: ``incomparable`` (the baseline's workload differs: ``differences``
+    says how, ``rows`` is empty), else the overall word of :func:`tasks.report.regression.overall`
+    (``regressed``, ``improved``, ``unchanged``, ``inconclusive``). ``forced``: judged although
+    the workload differs (``force_baseline``). ``baseline_note``: how the baseline was chosen
+    (the history's change points, how many audits, what was left out and why). ``history``:
+    the history the baseline came from (None when pinned or none)."""
 
     rows: list[MetricVerdict]
     baseline_label: str
@@ -138,6 +145,8 @@ class RegressionResult:
     differences: list[WorkloadDifference] = field(default_factory=list)
     forced: bool = False
     confidence: float = 0.95  #: the intervals' level (``regression.confidence``)
+    baseline_note: str = ""
+    history: audit_history.History | None = None
 
     @property
     def incomparable(self) -> bool:
@@ -149,13 +158,20 @@ class RegressionResult:
 
     @property
     def status(self) -> str:
-        if self.incomparable:
-            return "incomparable"
-        return "regression" if self.regressed else "ok"
+        return "incomparable" if self.incomparable else overall(self.rows)
 
     @property
     def regressed_metrics(self) -> list[str]:
         return [row.metric for row in self.rows if row.regressed] if not self.incomparable else []
+
+    @property
+    def improved_metrics(self) -> list[str]:
+        return [row.metric for row in self.rows if row.verdict == "improved"] if not self.incomparable else []
+
+    def line(self) -> str:
+        """The one line a scheduled run's reader sees: ``regressed (2 regressed, 0 improved,
+        6 unchanged, 2 inconclusive)``, or ``incomparable``."""
+        return self.status if self.incomparable else f"{self.status} ({counts_text(self.rows)})"
 
     def markdown(self) -> str:
         ids = "\n".join(f"- `{run_id}`" for run_id in self.baseline_run_ids)
@@ -166,9 +182,10 @@ class RegressionResult:
                 f"from this run's (rerun with --force-baseline to judge anyway):\n\n{differ}\n\n"
                 f"Baseline: {self.baseline_label}\n\nBaseline runs:\n\n{ids}\n"
             )
-        text = (
-            verdict_markdown(self.rows, self.baseline_label, self.confidence) + f"\nBaseline runs:\n\n{ids}\n"
-        )
+        text = verdict_markdown(self.rows, self.baseline_label, self.confidence)
+        if self.baseline_note:
+            text += f"\nHow the baseline was chosen: {self.baseline_note}\n"
+        text += f"\nBaseline runs:\n\n{ids}\n"
         if self.forced:
             text += f"\nJudged with --force-baseline although the workload differs:\n\n{differ}\n"
         return text
@@ -177,9 +194,12 @@ class RegressionResult:
         """The ``regression`` entry of the audit's ``--json``."""
         return {
             "status": self.status,
+            "counts": {} if self.incomparable else counts(self.rows),
             "regressed": self.regressed,
             "regressed_metrics": self.regressed_metrics,
+            "improved_metrics": self.improved_metrics,
             "baseline": self.baseline_label,
+            "baseline_note": self.baseline_note,
             "baseline_run_ids": self.baseline_run_ids,
             "incomparable": [d.to_dict() for d in self.differences] if self.incomparable else [],
             "forced": self.forced,
@@ -220,33 +240,25 @@ def _quote(value: str) -> str:
     return value.replace("'", "\\'")
 
 
-def find_baseline(
-    tracker: Tracker, run_id: str, tags: Mapping[str, str], cfg: RegressionConfig
-) -> tuple[list[dict], str]:
-    """(the candidate baseline runs as ``Tracker`` run dicts, a label); [] when none exists.
+def pinned_ids(cfg: RegressionConfig) -> list[str]:
+    """The run ids ``regression.baseline_run_id`` pins (comma-separated); [] = automatic."""
+    return [part.strip() for part in (cfg.baseline_run_id or "").split(",") if part.strip()]
 
-    A named ``baseline_run_id`` is the one candidate. Otherwise: the finished audits of the same
-    endpoint and model, newest first, up to :data:`_SEARCH_DEPTH` (the caller keeps the last N
-    with the same workload).
 
-    Raises:
-        LookupError: ``baseline_run_id`` names a run that does not exist.
-    """
-    if cfg.baseline_run_id:
-        return tracker.runs_by_id([cfg.baseline_run_id]), f"run {cfg.baseline_run_id}"
+def find_audits(tracker: Tracker, run_id: str, tags: Mapping[str, str]) -> list[dict]:
+    """The finished audits of the same endpoint and model, newest first, up to
+    :data:`_SEARCH_DEPTH`, as ``Tracker`` run dicts (``run_id`` itself left out)."""
     clauses = ["tags.flow = 'audit'", "attributes.status = 'FINISHED'"]
     clauses += [f"tags.{key} = '{_quote(tags[key])}'" for key in IDENTITY_TAGS if tags.get(key)]
-    runs = tracker.find_runs(" and ".join(clauses), max_results=_SEARCH_DEPTH, exclude=run_id)
-    return runs, "audits of the same endpoint and model"
+    return tracker.find_runs(" and ".join(clauses), max_results=_SEARCH_DEPTH, exclude=run_id)
 
 
 def choose(
     current: Mapping[str, str | None], candidates: Sequence[dict], last_n: int, force: bool
 ) -> tuple[list[dict], list[WorkloadDifference]]:
-    """(the baseline runs, the workload differences that remain).
-
-    The last ``last_n`` candidates with the current workload; when none has it: the newest
-    candidate's differences, and (``force``) the last ``last_n`` candidates all the same.
+    """(the baseline runs, the workload differences that remain), for candidates that are not
+    a history: the last ``last_n`` candidates with the current workload; when none has it: the
+    newest candidate's differences, and (``force``) the last ``last_n`` candidates all the same.
     """
     alike = [r for r in candidates if not workload_differences(current, workload(r), r["run_id"])]
     if alike:
@@ -267,24 +279,45 @@ def judge(
     """Compare ``current`` (and its ``samples``: the test; None: the legacy rule) with the
     baseline, whose runs' :data:`SAMPLES_ARTIFACT` are read back (a run without one, or with an
     unreadable one, is left out when others kept theirs, else all are judged by the legacy rule,
-    and the rows say so); record the verdict on ``run_id``: tag
-    ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``regression.md`` and
-    ``regression.json``. The workload of ``run_id`` is read from its logged params and tags.
-    None when there is no baseline yet (the first audit of an endpoint and model).
+    and the rows say so); record the verdict on ``run_id``: tags ``verdict`` (the overall word),
+    ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``verdict.<metric>``;
+    artifacts ``regression.md`` and ``regression.json``. The workload of ``run_id`` is read from
+    its logged params and tags. None when there is no baseline yet (the first audit of an
+    endpoint and model).
+
+    The baseline: the pinned runs, else the audit history's stable stretch
+    (:meth:`tasks.report.history.History.baseline`, at most ``baseline_last_n`` audits); a
+    baseline of fewer than 3 audits borrows the history's run-to-run spread where it has one.
 
     Raises:
         LookupError: ``baseline_run_id`` (or ``run_id``) names a run that does not exist.
     """
-    candidates, label = find_baseline(tracker, run_id, tags, cfg)
-    if not candidates:
+    pinned = pinned_ids(cfg)
+    audits = find_audits(tracker, run_id, tags)
+    pinned_runs = tracker.runs_by_id(pinned) if pinned else []
+    if not pinned_runs and not audits:
         tracker.set_tags(run_id, {"regression": "no_baseline"})
         return None
     [mine] = tracker.runs_by_id([run_id])
     mine["tags"] = {**mine["tags"], **{k: str(v) for k, v in tags.items()}}
-    runs, differences = choose(workload(mine), candidates, cfg.baseline_last_n, cfg.force_baseline)
+    mine_workload = workload(mine)
+    alike = [r for r in audits if not workload_differences(mine_workload, workload(r), r["run_id"])]
+    history = audit_history.build(list(reversed(alike)), list(cfg.thresholds_pct))
+    note = ""
+    if pinned_runs:
+        runs, differences = choose(mine_workload, pinned_runs, len(pinned_runs), cfg.force_baseline)
+        label = "pinned by hand: run " + ", ".join(pinned)
+        note = f"pinned by hand (--baseline): {len(pinned_runs)} run(s)"
+    elif alike:
+        choice = history.baseline(min_runs=MIN_HISTORY_RUNS, max_runs=cfg.baseline_last_n)
+        runs, differences = [alike[len(alike) - 1 - i] for i in reversed(choice.indices)], []
+        label, note = _label(choice, history), choice.note
+        if not runs:  # every earlier audit left out: the newest one, said so
+            runs, label = alike[:1], "the newest audit (every earlier one was left out)"
+    else:
+        runs, differences = choose(mine_workload, audits, cfg.baseline_last_n, cfg.force_baseline)
+        label = f"the last {len(runs)} audits of the same endpoint and model (workload differs)"
     ids = [r["run_id"] for r in runs]
-    if not cfg.baseline_run_id:
-        label = f"median of the last {len(runs)} {label}" + ("" if not differences else " (workload differs)")
     judged = not differences or cfg.force_baseline
     kept = (
         [tracker.read_artifact(r["run_id"], SAMPLES_ARTIFACT, read_samples) for r in runs] if judged else []
@@ -294,8 +327,17 @@ def judge(
         runs, kept = [r for r, k in zip(runs, kept) if k is not None], [k for k in kept if k is not None]
         ids = [r["run_id"] for r in runs]
         label += f" ({len(runs)} of them kept samples: those)"
+    spreads = {m: sp for m in cfg.thresholds_pct if (sp := history.run_spread(m)) is not None}
     metric_rows = (
-        verdict(current, [r["metrics"] for r in runs], cfg.thresholds_pct, samples, kept, cfg.confidence)
+        verdict(
+            current,
+            [r["metrics"] for r in runs],
+            cfg.thresholds_pct,
+            samples,
+            kept,
+            cfg.confidence,
+            spreads=spreads,
+        )
         if judged
         else []
     )
@@ -306,10 +348,13 @@ def judge(
         differences,
         bool(differences) and cfg.force_baseline,
         cfg.confidence,
+        note,
+        None if pinned_runs else history,
     )
     tracker.set_tags(
         run_id,
         {
+            audit_history.VERDICT_TAG: result.status,
             "regression": "incomparable" if result.incomparable else str(result.regressed).lower(),
             "baseline_run_ids": ",".join(ids)[:5000],
             **{f"verdict.{row.metric}": row.verdict for row in result.rows},
@@ -318,3 +363,37 @@ def judge(
     tracker.log_text(run_id, result.markdown(), "regression.md")
     tracker.log_dict(run_id, result.to_dict(), "regression.json")
     return result
+
+
+#: Fewest audits a history baseline should have (fewer: said, and judged on what there is).
+MIN_HISTORY_RUNS = 3
+
+
+def _label(choice: audit_history.BaselineChoice, history: audit_history.History) -> str:
+    """``the 3 audits since the change point at <run> (2024-..)`` / ``the last 5 audits``."""
+    n = len(choice.indices)
+    audits = "audit" if n == 1 else f"{n} audits"
+    if choice.change_point is not None:
+        since = history.audits[choice.change_point]
+        return f"the {audits} since the change point at run {since.run_id} ({since.started})"
+    return f"the last {audits} of the same endpoint, model and workload"
+
+
+def log_history_plots(
+    tracker: Tracker, run_id: str, result: RegressionResult, current: Mapping[str, float], folder: Path
+) -> list[Path]:
+    """``plots/history_<metric>.png`` on ``run_id``: the history the verdict's baseline came from,
+    with this audit appended and ringed (:func:`tasks.report.history_plot.history_plots`); []
+    when the baseline was pinned or there is no history."""
+    if result.history is None or not len(result.history):
+        return []
+    import time
+
+    from tasks.report.history_plot import history_plots
+
+    me = audit_history.AuditPoint(run_id, "", int(time.time() * 1000), result.status, dict(current))
+    history = result.history.with_audit(me)
+    paths = history_plots(history, folder, highlight=len(history) - 1)
+    for path in paths:
+        tracker.log_artifact(run_id, path, "plots")
+    return paths

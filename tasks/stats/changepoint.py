@@ -371,7 +371,8 @@ def _scan(
 
 
 def _runs(indices: Sequence[int]) -> str:
-    listed = ", ".join(str(i) for i in indices)
+    """``audit 4`` / ``audits 4, 5``: counted from 1, oldest first, as a reader counts them."""
+    listed = ", ".join(str(i + 1) for i in indices)
     return f"audit {listed}" if len(indices) == 1 else f"audits {listed}"
 
 
@@ -476,7 +477,9 @@ def choose_baseline(
     left_out = {i: why for i, why in sorted(excluded.items()) if i >= scan.start}
     enough = len(indices) >= min_runs
 
-    since = f"since the change point at audit {scan.change_point}" if scan.change_point is not None else ""
+    since = (
+        f"since the change point at audit {scan.change_point + 1}" if scan.change_point is not None else ""
+    )
     if not indices:
         head = "no earlier audit is usable as a baseline"
     elif enough:

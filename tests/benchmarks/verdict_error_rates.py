@@ -29,6 +29,24 @@ half-threshold changes judged regressed <= 10 %.
     .venv/bin/python tests/benchmarks/verdict_error_rates.py [--trials 20] [--sigma 0.1]
         [--requests 50] [--concurrency 1] [--save F] [--load F] [--cases 5,6] [--explain]
 
+``--histories`` (issue 28): the audit HISTORY's rule instead, as ``tasks.report.baseline.judge``
+applies it (the history's change points choose the baseline, a regressed audit stays out of it
+until confirmed, a short baseline borrows the history's run-to-run spread, the tail test joins
+Holm). The instrument also moves whole runs (``--run-sd``: a factor exp(run_sd z) per level:
+machine load) and plants a tail (15 % of requests x4 TTFT). Pools of levels per case are
+measured once (``--save`` / ``--load``), then per trial a history is drawn from them:
+
+- no change, against a baseline of 3 and of 5 audits: false alarms (any metric regressed);
+- +2x threshold (x1.3 on TTFT and gaps): detection per metric (TTFT p50, ITL p90, TPOT mean);
+- the 15 % x4 TTFT tail: detection (any metric regressed, and which);
+- x0.7 right after a x1.3 audit (judged regressed, left out): judged improved;
+- a baseline of ONE audit, no history, under machine load: never regressed;
+- histories of 20 audits with a x1.3 step at a random audit (5..15): the change point of TTFT
+  p50 found within one audit of it.
+
+    .venv/bin/python tests/benchmarks/verdict_error_rates.py --histories --sigma 0.25 \
+        --run-sd 0.05 --trials 20 [--save F | --load F]
+
 Concurrency 1, as the audit's first level (the one its headline reads): at 10 the level's
 throughput moves with the waves' tails more than its requests' E2E say. ``--save F`` keeps the
 measured levels, ``--load F`` judges them again, measuring only the cases F lacks. About 25 minutes (200 levels).
@@ -128,6 +146,153 @@ def judged(current, baseline, rule: str, explain: bool = False) -> tuple[bool, b
     return regressed, any(r.verdict == "improved" for r in verdicts)
 
 
+#: --histories: (pool, factor on TTFT and gaps, tail share, tail factor, levels per trial)
+HISTORY_POOLS = (
+    ("normal", 1.0, 0.0, 1.0, 3),
+    ("slow", 1.3, 0.0, 1.0, 2),
+    ("fast", 0.7, 0.0, 1.0, 1),
+    ("tail", 1.0, 0.15, 4.0, 1),
+)
+
+
+def history_levels(server, args, name: str, count: int, seed: int) -> list[tuple[dict, dict]]:
+    """``count`` levels of the history pool ``name`` (:data:`HISTORY_POOLS`): figures with their
+    intervals, and samples."""
+    _, factor, share, tail, _ = next(p for p in HISTORY_POOLS if p[0] == name)
+    model = (
+        f"noisy:{args.tokens}:{args.gap_ms * factor:g}:{args.ttft_ms * factor:g}:{args.sigma:g}:{seed}"
+        f":{share:g}:{tail:g}:{args.run_sd:g}:{args.requests + 1}"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts, out = Path(tmp) / "prompts.txt", Path(tmp) / "out.json"
+        prompts.write_text("".join(f"p{i}\n" for i in range(args.requests)), encoding="utf-8")
+        command = [
+            str(INFERMETER), "stream", "--base-url", server.base_url, "--model", model,
+            "--prompts", str(prompts), "--max-tokens", str(args.tokens),
+            "--max-concurrency", ",".join([str(args.concurrency)] * count),
+            "--num-requests", str(args.requests), "--warmup", "1", "--no-track", "--json", str(out),
+        ]  # fmt: skip
+        subprocess.run(
+            command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "INFERMETER_WORK_DIR": tmp},
+        )  # fmt: skip
+        result = json.loads(out.read_text(encoding="utf-8"))
+    keep = [*THRESHOLDS, *(f"{m}_ci_{end}" for m in THRESHOLDS for end in ("low", "high"))]
+    return [
+        ({m: level["metrics"][m] for m in keep if level["metrics"].get(m) is not None},
+         {"stream": stream_units(level["requests"])})
+        for level in result["levels"]
+    ]  # fmt: skip
+
+
+def history_judge(history: list[tuple[dict, dict, str | None]], current: tuple[dict, dict]):
+    """The verdict rows of ``current`` against ``history`` (oldest first: figures, samples, its
+    own overall verdict), by the audit's rule: the history's baseline choice, its run-to-run
+    spread, the samples test with the tail (tasks.report.baseline.judge, without MLflow)."""
+    from tasks.report import history as audit_history
+    from tasks.report.baseline import MIN_HISTORY_RUNS
+    from tasks.report.regression import overall
+
+    runs = [
+        {"run_id": f"a{i}", "name": "", "start_time_ms": i, "tags": {"verdict": v} if v else {}, "metrics": f}
+        for i, (f, _, v) in enumerate(history)
+    ]
+    hist = audit_history.build(runs, list(THRESHOLDS))
+    choice = hist.baseline(min_runs=MIN_HISTORY_RUNS, max_runs=10)
+    base = [history[i] for i in choice.indices] or history[-1:]
+    spreads = {m: sp for m in THRESHOLDS if (sp := hist.run_spread(m)) is not None}
+    rows = verdict(
+        current[0], [b[0] for b in base], THRESHOLDS, current[1], [b[1] for b in base], spreads=spreads
+    )
+    return rows, overall(rows), choice
+
+
+def histories_main(args) -> None:
+    import numpy as np
+
+    from tasks.report import history as audit_history
+
+    started = time.monotonic()
+    pools: dict[str, list] = {}
+    if args.load:
+        saved = json.loads(args.load.read_text(encoding="utf-8"))
+        pools = {name: [_run(r) for r in runs] for name, runs in saved.items()}
+    missing = [p for p in HISTORY_POOLS if p[0] not in pools]
+    if missing:
+        with gt.serve() as server:
+            for name, *_rest, per_trial in missing:
+                pools[name] = history_levels(
+                    server,
+                    args,
+                    name,
+                    per_trial * args.trials,
+                    seed=100 + [p[0] for p in HISTORY_POOLS].index(name),
+                )
+                print(
+                    f"  measured {len(pools[name])} {name} levels ({time.monotonic() - started:.0f} s)",
+                    flush=True,
+                )
+    if args.save:
+        args.save.write_text(
+            json.dumps({name: [_saved(r) for r in runs] for name, runs in pools.items()}), encoding="utf-8"
+        )
+    measured_s = time.monotonic() - started
+    rng = np.random.default_rng(7)
+    normal, slow, fast, tail = (pools[n] for n in ("normal", "slow", "fast", "tail"))
+    t_count = args.trials
+    print(
+        f"audit-history verdicts: {t_count} trials, {args.requests} requests a level, jitter sigma {args.sigma:g}, "
+        f"whole runs exp({args.run_sd:g} z), tail 15 % x4 TTFT; thresholds {THRESHOLDS}"
+    )
+    rates: dict[str, list[float]] = {}
+
+    def count(name: str, hit: bool) -> None:
+        rates.setdefault(name, []).append(float(hit))
+
+    per_metric = ("ttft_ms_p50", "itl_ms_p90", "tpot_ms_mean")
+    for t in range(t_count):
+        own = [normal[int(i)] for i in rng.choice(len(normal), 6, replace=False)]  # 5 history, 1 now
+        for size in (3, 5):
+            history = [(f, s, None) for f, s in own[:size]]
+            _, word, _ = history_judge(history, own[5])
+            count(f"no change, baseline {size}: regressed (false alarm)", word == "regressed")
+            count(f"no change, baseline {size}: improved", word == "improved")
+            rows, word, _ = history_judge(history, slow[2 * t])
+            by = {r.metric: r.verdict for r in rows}
+            for m in per_metric:
+                count(f"x1.3, baseline {size}: {m} regressed", by.get(m) == "regressed")
+            rows, word, _ = history_judge(history, tail[t])
+            count(f"tail 15 % x4, baseline {size}: regressed", word == "regressed")
+            count(
+                f"tail 15 % x4, baseline {size}: a ttft row regressed",
+                any(r.metric.startswith("ttft") and r.verdict == "regressed" for r in rows),
+            )
+            _, first, _ = history_judge(history, slow[2 * t + 1])
+            after = [*history, (*slow[2 * t + 1], first)]
+            _, word, choice = history_judge(after, fast[t])
+            count(f"x0.7 after x1.3, baseline {size}: improved", word == "improved")
+        _, word, _ = history_judge([(*own[0], None)], own[1])
+        count("no change, ONE baseline audit under load: regressed", word == "regressed")
+        _, word, _ = history_judge([(*own[0], None)], slow[2 * t])
+        count("x1.3, ONE baseline audit: regressed (needs the run-to-run spread)", word == "regressed")
+    found = []
+    for _ in range(t_count):
+        k = int(rng.integers(5, 16))
+        series = [normal[int(i)] for i in rng.choice(len(normal), k, replace=len(normal) < k)]
+        series += [slow[int(i)] for i in rng.choice(len(slow), 20 - k, replace=len(slow) < 20 - k)]
+        runs = [
+            {"run_id": f"a{i}", "name": "", "start_time_ms": i, "tags": {}, "metrics": f}
+            for i, (f, _) in enumerate(series)
+        ]
+        points = audit_history.build(runs, ["ttft_ms_p50"]).metrics["ttft_ms_p50"].change_points
+        found.append(any(abs(p - k) <= 1 for p in points))
+        count("20-audit history, x1.3 step: change point within one audit", found[-1])
+    width = max(len(name) for name in rates)
+    for name, hits in rates.items():
+        print(f"{name:<{width}}  {sum(hits) / len(hits):>5.0%}  ({int(sum(hits))}/{len(hits)})")
+    print(f"measured in {measured_s:.0f} s, judged in {time.monotonic() - started - measured_s:.0f} s")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--trials", type=int, default=20)
@@ -143,7 +308,11 @@ def main() -> None:
     )
     parser.add_argument("--cases", default="", help="comma-separated case indices (default: all)")
     parser.add_argument("--explain", action="store_true", help="print each alarm's metrics")
+    parser.add_argument("--histories", action="store_true", help="the audit history's rule (issue 28)")
+    parser.add_argument("--run-sd", type=float, default=0.05, help="--histories: whole-run factor exp(sd z)")
     args = parser.parse_args()
+    if args.histories:
+        return histories_main(args)
     cases = [CASES[int(i)] for i in args.cases.split(",")] if args.cases else list(CASES)
     started = time.monotonic()
     pool, current = [], {}

@@ -1,0 +1,168 @@
+"""`infermeter history`: an endpoint's audits, one headline metric at a time, with intervals,
+verdicts and change points.
+
+Not a flow: it only reads the tracking store. The endpoint is that of ``--run`` (an audit's run
+id), else of the newest finished audit; its history is every finished audit of the same
+endpoint and model (server kind, model, model file hash) with the same workload, oldest first
+(:mod:`tasks.report.history`), the series the verdict's baseline comes from.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from flows.commands.common import JsonOption, fail_input, output_path, parse_list, preflight, write_json
+from flows.commands.tables import console, fmt_value, make_table
+
+
+def command(
+    run: Annotated[
+        Optional[str],
+        typer.Option(
+            "--run", help="An audit's MLflow run id: its endpoint's history (default: the newest audit's)."
+        ),
+    ] = None,
+    experiment: Annotated[str, typer.Option(help="MLflow experiment to read.")] = "infermeter",
+    metric: Annotated[
+        Optional[str],
+        typer.Option(
+            "--metric", help="Comma-separated headline metrics (default: every thresholded one logged)."
+        ),
+    ] = None,
+    max_runs: Annotated[int, typer.Option(help="The newest N audits of the endpoint.")] = 50,
+    plots: Annotated[
+        Optional[Path],
+        typer.Option(
+            help="Write history_<metric>.png for each metric into this folder.", callback=output_path
+        ),
+    ] = None,
+    json_path: JsonOption = None,
+) -> None:
+    """An endpoint's audit history: per metric each audit's figure with its interval and verdict,
+    the segments' means and the change points."""
+    from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_registered
+    from tasks.report import history as audit_history
+    from tasks.report.baseline import IDENTITY_TAGS, find_audits, workload, workload_differences
+    from tasks.tracking import Tracker
+
+    chosen = parse_list("--metric", metric, str)
+    unknown = [m for m in chosen or [] if not is_registered(m)]
+    if unknown:
+        fail_input(f"--metric: {', '.join(unknown)} not a known metric; e.g. ttft_ms_p50, tpot_ms_mean")
+    if max_runs < 2:
+        fail_input("--max-runs: must be >= 2 (a history needs two audits)")
+    preflight(track=True, prefect=False)
+    tracker = Tracker(experiment)
+    try:
+        if run:
+            [anchor] = tracker.runs_by_id([run])
+        else:
+            newest = tracker.find_runs(
+                "tags.flow = 'audit' and attributes.status = 'FINISHED'", max_results=1, parents_only=True
+            )
+            if not newest:
+                fail_input(f"no finished audits in experiment {experiment!r}: run `infermeter audit` first")
+            anchor = newest[0]
+    except LookupError as exc:
+        fail_input(f"--run: {exc}")
+    tags = anchor["tags"]
+    if tags.get("flow") != "audit":
+        fail_input(f"--run: run {anchor['run_id']} is a {tags.get('flow') or 'non-flow'} run, not an audit")
+    found = find_audits(tracker, "", tags)
+    mine = workload(anchor)
+    alike = [r for r in found if not workload_differences(mine, workload(r), r["run_id"])][:max_runs]
+    metrics = chosen or [m for m in DEFAULT_THRESHOLDS_PCT if any(m in r["metrics"] for r in alike)]
+    if not metrics:
+        fail_input("these audits logged none of the headline metrics; name one with --metric")
+    history = audit_history.build(list(reversed(alike)), metrics)
+    key = {k: tags.get(k) for k in IDENTITY_TAGS}
+    console.print(
+        f"Audit history of {key.get('endpoint_kind') or '?'} / {key.get('endpoint_model') or key.get('model')}: "
+        f"{len(history)} audits with the workload of run {anchor['run_id']}",
+        highlight=False,
+        markup=False,
+    )
+    for series in history.metrics.values():
+        console.print(_table(history, series))
+    if plots is not None:
+        from tasks.report.history_plot import history_plots
+
+        for path in history_plots(history, plots):
+            console.print(f"Plot: {path}", highlight=False, markup=False)
+    write_json(json_path, _json(history, key, anchor["run_id"]))
+
+
+def _table(history: Any, series: Any) -> Any:
+    table = make_table(
+        f"{series.metric}: {len(series.change_points)} change point(s)",
+        [
+            ("#", "right"),
+            ("started (UTC)", "left"),
+            ("run", "left"),
+            (series.metric, "right"),
+            ("interval", "right"),
+            ("segment mean", "right"),
+            ("verdict", "left"),
+            ("", "left"),
+        ],
+    )
+    starts = {segment.start: segment for segment in series.segments}
+    segment = None
+    for i, audit in enumerate(history.audits):
+        segment = starts.get(i, segment)
+        value, low, high = series.values[i], series.lows[i], series.highs[i]
+        interval = "" if low is None or high is None else f"[{fmt_value(low)}, {fmt_value(high)}]"
+        mark = "change point" if i in series.change_points else ""
+        table.add_row(
+            str(i + 1),
+            audit.started,
+            audit.run_id[:12],
+            fmt_value(value) if math.isfinite(value) else "n/a",
+            interval,
+            fmt_value(segment.mean) if segment is not None else "",
+            audit.verdict or "",
+            mark,
+        )
+    return table
+
+
+def _json(history: Any, key: dict, anchor: str) -> dict:
+    """The ``--json`` shape: the endpoint key, the audits (oldest first), per metric the points
+    and the change points (run ids where a segment starts) and segments."""
+    ids = [a.run_id for a in history.audits]
+    return {
+        "endpoint": key,
+        "anchor_run_id": anchor,
+        "audits": [
+            {"run_id": a.run_id, "name": a.name, "start_time_ms": a.start_time_ms, "verdict": a.verdict}
+            for a in history.audits
+        ],
+        "metrics": {
+            name: {
+                "points": [
+                    {
+                        "run_id": ids[i],
+                        "value": None if not math.isfinite(series.values[i]) else series.values[i],
+                        "ci_low": series.lows[i],
+                        "ci_high": series.highs[i],
+                    }
+                    for i in range(len(ids))
+                ],
+                "change_points": [ids[i] for i in series.change_points],
+                "segments": [
+                    {
+                        "first_run_id": ids[s.start],
+                        "last_run_id": ids[s.stop - 1],
+                        "audits": s.stop - s.start,
+                        "mean": s.mean,
+                    }
+                    for s in series.segments
+                ],
+            }
+            for name, series in history.metrics.items()
+        },
+    }

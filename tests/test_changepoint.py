@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from tasks.stats import changepoint as cp
+from tasks.stats import stretch
 
 # Four headline figures of an audit: (level, each run's own 95 % half-width as a share of it).
 METRICS = {
@@ -119,12 +120,12 @@ def test_segments_and_their_means():
 def choose(levels, verdicts, **kwargs):
     tail = kwargs.pop("tail", ())
     series, widths = history(levels, tail=tail, seed=kwargs.pop("seed", 1))
-    return cp.choose_baseline(series, widths, verdicts, **kwargs)
+    return stretch.choose_baseline(series, widths, verdicts, **kwargs)
 
 
 def test_a_regressed_audit_does_not_join_the_baseline():
     choice = choose([NORMAL] * 3 + [SLOW], [None, None, None, "regressed"])
-    assert choice == cp.BaselineChoice(
+    assert choice == stretch.BaselineChoice(
         (0, 1, 2),
         None,
         (3,),
@@ -150,7 +151,7 @@ def test_regressed_then_a_tail_then_improved_keep_the_first_three():
 
 def test_a_regression_the_next_audit_repeats_is_the_new_normal():
     choice = choose([NORMAL] * 3 + [SLOW, SLOW], [None] * 3 + ["regressed", "regressed"])
-    assert choice == cp.BaselineChoice(
+    assert choice == stretch.BaselineChoice(
         (3, 4), 3, (), False, "only 2 audits since the change point at audit 4: judged on those"
     )
 
@@ -162,7 +163,7 @@ def test_an_improvement_after_a_confirmed_regression_waits_for_confirmation():
 
 def test_no_change_takes_the_newest_max_runs():
     choice = choose([NORMAL] * 12, [None] * 6 + ["unchanged"] * 6)
-    assert choice == cp.BaselineChoice(
+    assert choice == stretch.BaselineChoice(
         tuple(range(2, 12)), None, (), True, "the newest 10 of the 12 audits of the history (no change point)"
     )
     assert choose([NORMAL] * 12, [None] * 12, max_runs=5).indices == (7, 8, 9, 10, 11)
@@ -206,15 +207,15 @@ def test_a_single_outlier_makes_no_change_point_and_stays_out():
 
 def test_a_history_shorter_than_min_runs_is_used_whole():
     choice = choose([NORMAL] * 2, [None, "inconclusive"])
-    assert choice == cp.BaselineChoice(
+    assert choice == stretch.BaselineChoice(
         (0, 1), None, (), False, "only 2 audits in the history: judged on those"
     )
     assert choose([NORMAL], [None]).note == "only 1 audit in the history: judged on those"
 
 
 def test_an_empty_history_says_so():
-    choice = cp.choose_baseline({m: [] for m in METRICS}, {}, [])
-    assert choice == cp.BaselineChoice(
+    choice = stretch.choose_baseline({m: [] for m in METRICS}, {}, [])
+    assert choice == stretch.BaselineChoice(
         (), None, (), False, "no earlier audit of this endpoint and model: nothing to judge against"
     )
 
@@ -223,25 +224,27 @@ def test_metrics_missing_from_old_runs_and_unknown_intervals():
     series, widths = history([NORMAL] * 4 + [SLOW] * 3)
     series["tpot_ms_mean"][:4] = [math.nan] * 4  # not measured before audit 4
     widths = {"ttft_ms_p50": widths["ttft_ms_p50"]}  # the others' intervals unknown
-    choice = cp.choose_baseline(series, widths, [None] * 4 + ["regressed", "regressed", "unchanged"])
+    choice = stretch.choose_baseline(series, widths, [None] * 4 + ["regressed", "regressed", "unchanged"])
     assert (choice.indices, choice.change_point, choice.excluded, choice.enough) == ((4, 5, 6), 4, (), True)
 
 
 def test_choose_baseline_rejects_bad_input():
     series, widths = history([NORMAL] * 4)
     with pytest.raises(ValueError):
-        cp.choose_baseline(series, widths, [None] * 3)
+        stretch.choose_baseline(series, widths, [None] * 3)
     with pytest.raises(ValueError):
-        cp.choose_baseline(series, {"ttft_ms_p50": [1.0]}, [None] * 4)
+        stretch.choose_baseline(series, {"ttft_ms_p50": [1.0]}, [None] * 4)
     with pytest.raises(ValueError):
-        cp.choose_baseline(series, widths, [None] * 4, confirm=0)
+        stretch.choose_baseline(series, widths, [None] * 4, confirm=0)
 
 
 def test_a_verdict_no_figure_explains_is_left_out():
     # judged regressed on a figure this history does not hold: none moved beyond its interval
     series = {"ttft_ms_p50": [100.0, 101.0, 99.0, 100.0, 100.5, 99.5]}
-    choice = cp.choose_baseline(series, {"ttft_ms_p50": [9.0] * 6}, [None] * 3 + ["regressed", None, None])
-    assert choice == cp.BaselineChoice(
+    choice = stretch.choose_baseline(
+        series, {"ttft_ms_p50": [9.0] * 6}, [None] * 3 + ["regressed", None, None]
+    )
+    assert choice == stretch.BaselineChoice(
         (0, 1, 2, 4, 5),
         None,
         (3,),

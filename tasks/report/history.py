@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from tasks.stats.changepoint import BaselineChoice, Segment, change_points, choose_baseline, segments
+from tasks.stats.changepoint import Segment, change_points, segments
+from tasks.stats.stretch import BaselineChoice, choose_baseline
 from tasks.stats.verdict import RunSpread
 
 #: The run tag that holds an audit's overall verdict (regressed / improved / unchanged /

@@ -52,7 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from tasks.stats import changepoint  # noqa: E402
+from tasks.stats import changepoint, stretch  # noqa: E402
 
 Detector = Callable[[np.ndarray, np.ndarray], list[int]]
 N_AUDITS = 20
@@ -213,22 +213,22 @@ def rule_rates(sd: float, count: int, seed: int = 11) -> tuple[dict[str, str], f
     none: list[str | None] = [None] * N_AUDITS
     for _ in range(count):
         flat = np.ones(N_AUDITS)
-        choice = changepoint.choose_baseline(*audit_history(rng, flat, sd), none)
+        choice = stretch.choose_baseline(*audit_history(rng, flat, sd), none)
         tallies["a"].append(choice.change_point is not None)
         tallies["a_exc"].append(len(choice.excluded))
         k = int(rng.integers(3, N_AUDITS - 2))
         levels = flat.copy()
         levels[k:] = STEP
-        choice = changepoint.choose_baseline(*audit_history(rng, levels, sd), none)
+        choice = stretch.choose_baseline(*audit_history(rng, levels, sd), none)
         tallies["b"].append(bool(choice.indices) and min(choice.indices) >= k)
         k1 = int(rng.integers(3, 10))
         k2 = int(rng.integers(k1 + 3, N_AUDITS - 2))
         levels = flat.copy()
         levels[k1:k2] = STEP
-        choice = changepoint.choose_baseline(*audit_history(rng, levels, sd), none)
+        choice = stretch.choose_baseline(*audit_history(rng, levels, sd), none)
         tallies["c"].append(bool(choice.indices) and min(choice.indices) >= k2)
         levels = np.linspace(1.0, STEP, N_AUDITS)
-        choice = changepoint.choose_baseline(*audit_history(rng, levels, sd), none)
+        choice = stretch.choose_baseline(*audit_history(rng, levels, sd), none)
         # the spread of the planted level within the baseline, in percent
         tallies["d"].append(
             100 * (levels[list(choice.indices)].max() / levels[list(choice.indices)].min() - 1)
@@ -236,7 +236,7 @@ def rule_rates(sd: float, count: int, seed: int = 11) -> tuple[dict[str, str], f
         k = int(rng.integers(1, N_AUDITS - 1))
         levels = flat.copy()
         levels[k] = 1.5
-        choice = changepoint.choose_baseline(*audit_history(rng, levels, sd), none)
+        choice = stretch.choose_baseline(*audit_history(rng, levels, sd), none)
         tallies["e"].append(choice.change_point is not None)
         tallies["e_in"].append(k in choice.indices)
         runs += 5

@@ -15,6 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import AuditConfig, RegressionConfig
+from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
 from tasks.stats.interval import figure_intervals
 from tasks.stats.samples import stream_units
@@ -29,16 +30,8 @@ IDENT = {
     "endpoint_model_sha256": "abc",
     "model": "gguf:default",
 }
-STREAM_THRESHOLDS = {
-    "ttft_ms_p50": 15.0,
-    "ttft_ms_p90": 15.0,
-    "ttft_ms_p99": 15.0,
-    "itl_ms_p90": 15.0,
-    "itl_ms_p99": 15.0,
-    "tpot_ms_mean": 15.0,
-    "e2e_ms_p50": 15.0,
-    "output_tokens_per_s": -10.0,
-}
+#: The default thresholds of the stream's metrics (the audit's, less the profile's).
+STREAM_THRESHOLDS = {m: t for m, t in DEFAULT_THRESHOLDS_PCT.items() if lookup(m).stage == "stream"}
 INTERVAL_FIGURES = [m for m in STREAM_THRESHOLDS if m != "output_tokens_per_s"]
 
 

@@ -93,9 +93,9 @@ CASES = (
 )
 
 
-def levels(server, args, factor: float, count: int, seed: int) -> list[tuple[dict, dict]]:
-    """``count`` levels of ``infermeter stream`` at this factor: (figures, samples) each."""
-    model = f"noisy:{args.tokens}:{args.gap_ms * factor:g}:{args.ttft_ms * factor:g}:{args.sigma:g}:{seed}"
+def stream_levels(server, args, model: str, count: int) -> list[dict]:
+    """``count`` levels of ``infermeter stream`` against the instrument's ``model``: its --json
+    levels."""
     with tempfile.TemporaryDirectory() as tmp:
         prompts, out = Path(tmp) / "prompts.txt", Path(tmp) / "out.json"
         prompts.write_text("".join(f"p{i}\n" for i in range(args.requests)), encoding="utf-8")
@@ -106,14 +106,19 @@ def levels(server, args, factor: float, count: int, seed: int) -> list[tuple[dic
             "--num-requests", str(args.requests), "--warmup", "1", "--no-track", "--json", str(out),
         ]  # fmt: skip
         subprocess.run(
-            command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}
-        )
-        result = json.loads(out.read_text(encoding="utf-8"))
-    runs = []
-    for level in result["levels"]:
-        figures = {m: level["metrics"].get(m) for m in THRESHOLDS}
-        runs.append((figures, {"stream": stream_units(level["requests"])}))
-    return runs
+            command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            env={**os.environ, "INFERMETER_WORK_DIR": tmp},
+        )  # fmt: skip
+        return json.loads(out.read_text(encoding="utf-8"))["levels"]
+
+
+def levels(server, args, factor: float, count: int, seed: int) -> list[tuple[dict, dict]]:
+    """``count`` levels of ``infermeter stream`` at this factor: (figures, samples) each."""
+    model = f"noisy:{args.tokens}:{args.gap_ms * factor:g}:{args.ttft_ms * factor:g}:{args.sigma:g}:{seed}"
+    return [
+        ({m: level["metrics"].get(m) for m in THRESHOLDS}, {"stream": stream_units(level["requests"])})
+        for level in stream_levels(server, args, model, count)
+    ]
 
 
 def _saved(run: tuple[dict, dict]) -> dict:
@@ -163,25 +168,11 @@ def history_levels(server, args, name: str, count: int, seed: int) -> list[tuple
         f"noisy:{args.tokens}:{args.gap_ms * factor:g}:{args.ttft_ms * factor:g}:{args.sigma:g}:{seed}"
         f":{share:g}:{tail:g}:{args.run_sd:g}:{args.requests + 1}"
     )
-    with tempfile.TemporaryDirectory() as tmp:
-        prompts, out = Path(tmp) / "prompts.txt", Path(tmp) / "out.json"
-        prompts.write_text("".join(f"p{i}\n" for i in range(args.requests)), encoding="utf-8")
-        command = [
-            str(INFERMETER), "stream", "--base-url", server.base_url, "--model", model,
-            "--prompts", str(prompts), "--max-tokens", str(args.tokens),
-            "--max-concurrency", ",".join([str(args.concurrency)] * count),
-            "--num-requests", str(args.requests), "--warmup", "1", "--no-track", "--json", str(out),
-        ]  # fmt: skip
-        subprocess.run(
-            command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            env={**os.environ, "INFERMETER_WORK_DIR": tmp},
-        )  # fmt: skip
-        result = json.loads(out.read_text(encoding="utf-8"))
     keep = [*THRESHOLDS, *(f"{m}_ci_{end}" for m in THRESHOLDS for end in ("low", "high"))]
     return [
         ({m: level["metrics"][m] for m in keep if level["metrics"].get(m) is not None},
          {"stream": stream_units(level["requests"])})
-        for level in result["levels"]
+        for level in stream_levels(server, args, model, count)
     ]  # fmt: skip
 
 

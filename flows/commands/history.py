@@ -101,26 +101,28 @@ def _table(history: Any, series: Any) -> Any:
         f"{series.metric}: {len(series.change_points)} change point(s)",
         [
             ("#", "right"),
-            ("started (UTC)", "left"),
+            ("UTC", "left"),
             ("run", "left"),
             (series.metric, "right"),
             ("interval", "right"),
-            ("segment mean", "right"),
+            ("segment", "right"),
             ("verdict", "left"),
             ("", "left"),
         ],
+        compact=True,
+        no_wrap=True,
     )
     starts = {segment.start: segment for segment in series.segments}
     segment = None
     for i, audit in enumerate(history.audits):
         segment = starts.get(i, segment)
         value, low, high = series.values[i], series.lows[i], series.highs[i]
-        interval = "" if low is None or high is None else f"[{fmt_value(low)}, {fmt_value(high)}]"
-        mark = "change point" if i in series.change_points else ""
+        interval = "" if low is None or high is None else f"{fmt_value(low)}..{fmt_value(high)}"
+        mark = "<- change point" if i in series.change_points else ""
         table.add_row(
             str(i + 1),
-            audit.started,
-            audit.run_id[:12],
+            audit.started[5:],  # MM-DD HH:MM: the year is in --json
+            audit.run_id[:8],
             fmt_value(value) if math.isfinite(value) else "n/a",
             interval,
             fmt_value(segment.mean) if segment is not None else "",

@@ -28,6 +28,7 @@ from tasks.config import TrackingConfig
 from tasks.environment import TORCH_FLOWS, environment_tags
 from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
+from tasks.tracking_writer import flush, real_run_id
 
 __all__ = ["ParentRun", "final_state", "latest_workdir", "new_workdir", "parent_run"]
 
@@ -157,12 +158,14 @@ def parent_run(
     all_tags = _tags(flow_name, tags or {})
     all_tags["config_name"] = run_name
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)
+    run_id = real_run_id(tracker, run_id)  # (a tracking writer's stand-in until created: the log names it)
     tracker.log_params(run_id, flatten_params(dict(params)))
     tracker.log_dict(run_id, dict(params), "config.yaml")
     logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
     run = ParentRun(target, tracker, run_id, workdir, all_tags)
     try:
         yield run
+        flush(tracker)  # a tracking writer's (tasks.tracking_writer): a write that failed fails the run
     except BaseException as exc:
         error = run.error or (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         if isinstance(exc, Exception):
@@ -183,6 +186,7 @@ def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | 
     if error:
         tracker.set_tags(run_id, {"error": error[:500]})
     tracker.end_run(run_id, "FAILED" if error else "FINISHED")
+    flush(tracker)  # the run is ended in MLflow before the flow says so
     if run_id:  # the Prefect run log names the MLflow run it wrote
         get_run_logger().info("MLflow run %s ended %s", run_id, "FAILED" if error else "FINISHED")
     link = tracker.run_url(run_id) or f"MLflow run id `{run_id}` in {tracker.tracking_uri}"

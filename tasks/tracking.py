@@ -59,6 +59,7 @@ PARENT_TAG = "mlflow.parentRunId"
 #: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
+OPENER: Callable[[TrackingTarget], Any] | None = None  # opens them in tasks.tracking_writer's process
 
 
 def server_gone(exc: BaseException) -> bool:
@@ -78,6 +79,14 @@ def server_gone(exc: BaseException) -> bool:
     )
 
 
+def preload(tracking_uri: str) -> None:
+    """Import what a tracker of ``tracking_uri`` will (MLflow's client, its store), creating nothing."""
+    import mlflow.tracking  # noqa: F401
+
+    if not tracking_uri.startswith(("http:", "https:", "databricks")):
+        import mlflow.store.tracking.sqlalchemy_store  # noqa: F401
+
+
 @dataclass(frozen=True)
 class TrackingTarget:
     """Where to track, as plain values: what flows hand to tasks (a live client is built inside
@@ -89,6 +98,8 @@ class TrackingTarget:
     journal: str | None = None  # the run's work folder: writes the server missed go there
 
     def open(self) -> Tracker:
+        if self.enabled and OPENER is not None:
+            return OPENER(self)
         return Tracker(self.experiment, self.tracking_uri, self.enabled, self.journal)
 
 
@@ -113,6 +124,7 @@ class Tracker:
         self._experiment_id: str | None = None
         self.workdir = journal
         self.journal = Journal(journal) if journal and enabled else None
+        self.owner = process_identity()  # its runs' owner (a tracking writer's: the command)
         if enabled:
             from mlflow.tracking import MlflowClient
 
@@ -161,7 +173,7 @@ class Tracker:
         (Unix ms): when what it records began, for a run logged afterwards (a level); default now."""
         if not self.enabled:
             return None
-        all_tags = {OWNER_HOST_TAG: socket.gethostname(), OWNER_TAG: process_identity()}
+        all_tags = {OWNER_HOST_TAG: socket.gethostname(), OWNER_TAG: self.owner}
         if self.workdir:
             all_tags[RECORDS_TAG] = str(self.workdir)
         all_tags.update({key: str(value) for key, value in (tags or {}).items()})
@@ -317,34 +329,29 @@ class Tracker:
             except (MlflowException, OSError, ValueError):
                 return None
 
+    def _get_run(self, run_id: str) -> Any:
+        from mlflow.exceptions import MlflowException
+
+        try:
+            return self._client.get_run(run_id)
+        except MlflowException:
+            raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
+
     def run_metrics(self, run_id: str) -> dict[str, float]:
         """The latest value of every metric of a run.
 
         Raises:
             LookupError: no such run in this store (the message names the id and the store).
         """
-        from mlflow.exceptions import MlflowException
-
-        try:
-            return dict(self._client.get_run(run_id).data.metrics)
-        except MlflowException:
-            raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
+        return dict(self._get_run(run_id).data.metrics)
 
     def runs_by_id(self, run_ids: list[str]) -> list[dict]:
         """The named runs (any experiment of this store), in the order given, as plain dicts.
 
         Raises:
-            LookupError: a run id that does not exist.
+            LookupError: a run id that does not exist (the message names the id and the store).
         """
-        from mlflow.exceptions import MlflowException
-
-        found = []
-        for run_id in run_ids:
-            try:
-                found.append(run_dict(self._client.get_run(run_id)))
-            except MlflowException:
-                raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
-        return found
+        return [run_dict(self._get_run(run_id)) for run_id in run_ids]
 
     def find_runs(
         self,

@@ -252,6 +252,8 @@ def command(
     check_dataset(
         cfg, prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns))
     )
+    if cfg.tracking.enabled and not no_track:
+        start_tracking_writer()
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 
@@ -275,6 +277,15 @@ def command(
                 err=True,
             )
         raise typer.Exit(1)
+
+
+def start_tracking_writer() -> None:
+    """Start the process that will do the run's MLflow writes and plots
+    (``tasks.tracking_writer``): its imports (MLflow, the store, matplotlib, the level files'
+    modules) run while this process checks the endpoint and starts Prefect."""
+    from tasks import tracking_writer
+
+    tracking_writer.start(("tasks.report.plots:_pyplot", "tasks.pipeline.stream_files"))
 
 
 def print_levels(levels: list[dict]) -> None:

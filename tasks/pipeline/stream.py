@@ -14,7 +14,7 @@ from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
 from tasks.phases import mark
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
-from tasks.pipeline.timeline import log_timeline
+from tasks.pipeline.stream_files import level_files, stage_plots
 from tasks.report import plots as plots_module
 from tasks.stats.interval import with_intervals
 from tasks.stream.errors import every_request_failed
@@ -22,6 +22,7 @@ from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
+from tasks.tracking_writer import measuring, real_run_id, run_job
 from tasks.workload.stage import run_salt, stage_workload
 
 STREAM_HEADLINE = metrics.headline("stream")
@@ -41,7 +42,9 @@ def stream_stage(
     it is scraped before and after each level's measured requests (``server_*`` metrics,
     ``tasks.stream.levels``), and its gauges sampled every 250 ms for each level's timeline of
     ``cfg.slice_s``-second windows (``tasks.pipeline.timeline``: step series, CSV, a stacked
-    plot). One child run per level, logged as the level finishes. When
+    plot). One child run per level, logged as the level finishes; its plots and timeline are
+    drawn and logged by ``tasks.pipeline.stream_files`` (off the timed path when the command
+    started a tracking writer: ``tasks.tracking_writer.run_job``). When
     every measured request failed the stage's run ends FAILED (``error`` tag: the first error),
     its records logged and returned all the same.
 
@@ -61,7 +64,7 @@ def stream_stage(
         workdir_path = Path(workdir)
         journal = workdir_path / "requests.jsonl"
         run.keep(journal)
-        plots: list[Path] = []
+        plots: list[str] = []  # the levels' histograms, for the stage's run too
         run.tracker.log_params(
             run.run_id,
             {**flatten_params(cfg.model_dump(mode="json")), **workload.params()},
@@ -91,18 +94,14 @@ def stream_stage(
                 },
             )
             run.tracker.log_metrics(child, level.metrics)
+            # histograms, the timeline (step series, the server's gauges, a stacked plot), the end
+            run_job(run.tracker, level_files, child, level, cfg.slice_s, workdir, end_ms)
             if run.tracker.enabled:
-                hists = plots_module.level_histograms(
-                    level.to_dict(), workdir_path / "plots", f"level{level.level}"
-                )
-                for hist in hists:
-                    run.tracker.log_artifact(child, hist, "plots")
-                plots.extend(hists)
-            # the timeline: windows as step series, the server's gauges, one stacked plot
-            log_timeline(run.tracker, child, level, cfg.slice_s, workdir_path / "timeline")
-            run.tracker.end_run(child, end_time_ms=end_ms)
+                stem = f"level{level.level}"
+                plots.extend(map(str, plots_module.level_histogram_paths(workdir_path / "plots", stem)))
 
         mark("levels")
+        measuring(run.tracker)  # the tracking writer's plots then yield the CPU to the levels
         with RecordWriter(journal) as writer:
             done = run_levels(
                 connection,
@@ -120,16 +119,14 @@ def stream_stage(
         write_parquet([r for level in done for r in level.records], requests_path, tokens_path)
         for path in (requests_path, tokens_path, journal):
             run.tracker.log_artifact(run.run_id, path)
-        if run.tracker.enabled:
-            curves = plots_module.load_curves(levels, workdir_path / "plots")
-            for path in (*curves, *plots):
-                run.tracker.log_artifact(run.run_id, path, "plots")
+        curves = [{k: lv[k] for k in ("max_concurrency", "request_rate", "metrics")} for lv in levels]
+        run_job(run.tracker, stage_plots, run.run_id, curves, str(workdir_path / "plots"), plots)
         headline = with_intervals(STREAM_HEADLINE, levels[0]["metrics"])
         run.tracker.log_metrics(run.run_id, headline)
         failed = every_request_failed(levels)
         if failed:  # the records are kept and returned; the run says it measured nothing
             run.fail(failed)
-        return {"levels": levels, "headline": headline, "mlflow_run_id": run.run_id}
+        return {"levels": levels, "headline": headline, "mlflow_run_id": real_run_id(run.tracker, run.run_id)}
 
 
 def level_wall_ms(level: Level) -> tuple[int | None, int | None]:

@@ -102,9 +102,19 @@ def save_figures(figures: dict[str, Any], folder: str | Path) -> list[Path]:
     return [_save(fig, Path(folder) / name) for name, fig in figures.items()]
 
 
+#: The level histograms, in the order drawn: ``{stem}_<name>_hist.png`` each.
+LEVEL_HISTOGRAMS = ("ttft", "itl")
+
+
+def level_histogram_paths(folder: str | Path, stem: str) -> list[Path]:
+    """The PNGs :func:`level_histograms` writes into ``folder`` for ``stem``, in its order."""
+    return [Path(folder) / f"{stem}_{name}_hist.png" for name in LEVEL_HISTOGRAMS]
+
+
 def level_histogram_figures(level: dict[str, Any], stem: str, bins: int = 40) -> dict[str, Any]:
     """``{stem}_ttft_hist.png`` (one TTFT per successful measured request) and
-    ``{stem}_itl_hist.png`` (every gap between text-carrying chunks, pooled), in ms."""
+    ``{stem}_itl_hist.png`` (every gap between text-carrying chunks, pooled), in ms
+    (:data:`LEVEL_HISTOGRAMS`)."""
     ok = [r for r in level["requests"] if not r.get("warmup") and r.get("error") is None]
     series = {
         "ttft": ([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None], "TTFT"),

@@ -18,7 +18,7 @@ store: its migrations). The rest are "warm", as a user who runs commands in a ro
 the table of phases is that of the warm run with the median wall time. Targets (issue 29):
 warm ``--no-track`` <= 5 s, tracked <= 7 s, ``--help`` and bad input < 2 s.
 
-    .venv/bin/python tests/benchmarks/command_phases.py [--repeats 3]
+    .venv/bin/python tests/benchmarks/command_phases.py [--repeats 3] [--cases tracked]
 
 Not collected by pytest (no test_ prefix); prints, never asserts.
 """
@@ -61,6 +61,13 @@ LABELS = {
     "main_end": "interpreter exit",
 }
 CHILD_MARKS = ("client_process_started", "client_process_ready")
+#: The tracking writer process's marks (tasks.tracking_writer_process): when it did what.
+WRITER_MARKS = {
+    "writer_started": "started",
+    "writer_mlflow_imported": "MLflow imported",
+    "writer_preloaded": "plots' modules imported",
+    "writer_idle": "last call done",
+}
 
 
 def _run(args: list[str], env: dict[str, str], marks: Path) -> tuple[float, list[tuple[int, int, str]], int]:
@@ -105,6 +112,14 @@ def _phases(timeline: list[tuple[int, int, str]]) -> list[tuple[str, float]]:
     return rows
 
 
+def _writer_marks(timeline: list[tuple[int, int, str]]) -> str:
+    """When the tracking writer process (a tracked command's) reached each of its marks, in s
+    from the command's start; its last ``writer_idle`` is when it had done every call."""
+    start = timeline[0][1]
+    seen = {name: ns for _, ns, name in timeline if name in WRITER_MARKS}  # the last of each
+    return ", ".join(f"{WRITER_MARKS[name]} {(ns - start) / 1e9:.2f}" for name, ns in seen.items())
+
+
 def _case(
     name: str, args: list[str], env: dict[str, str], marks: Path, repeats: int, target_s: float
 ) -> None:
@@ -118,11 +133,15 @@ def _case(
     verdict = "met" if median <= target_s else "NOT met"
     print(
         f"\n## {name}: first {first:.2f} s; warm {', '.join(f'{w:.2f}' for w in warm)} s; "
-        f"median {median:.2f} s (target <= {target_s:g} s: {verdict}; exit {code})"
+        f"min {min(warm):.2f} s, median {median:.2f} s (target <= {target_s:g} s: {verdict}; exit {code}; "
+        f"load average {os.getloadavg()[0]:.2f})"
     )
     index = 1 + min(range(len(warm)), key=lambda i: abs(warm[i] - median))
     for label, seconds in _phases(timelines[index]):
         print(f"  {label:<58} {seconds:6.2f} s")
+    writer = _writer_marks(timelines[index])
+    if writer:
+        print("  tracking writer process (s from the command's start):", writer)
     if len(timelines[0]) > 2:
         print("  first run:", ", ".join(f"{label} {s:.2f}" for label, s in _phases(timelines[0]) if s >= 0.5))
 
@@ -130,7 +149,13 @@ def _case(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3, help="warm runs per case (after the first)")
+    parser.add_argument(
+        "--cases",
+        default="help,bad,no-track,tracked",
+        help="comma-separated subset of help, bad, no-track, tracked (default: all)",
+    )
     args = parser.parse_args()
+    cases = {case.strip() for case in args.cases.split(",")}
     tmp = Path(tempfile.mkdtemp(prefix="infermeter-phases-"))
     env = {k: v for k, v in os.environ.items() if k not in ("PREFECT_API_URL", "MLFLOW_TRACKING_URI")}
     env.update(
@@ -140,13 +165,20 @@ def main() -> None:
     )
     marks = tmp / "marks.txt"
     print(f"# infermeter command phases ({os.cpu_count()} cores; records in {tmp})")
-    for name, argv in (("infermeter --help", ["--help"]), ("bad input", ["stream", "--num-requests", "0"])):
+    for case, name, argv in (
+        ("help", "infermeter --help", ["--help"]),
+        ("bad", "bad input", ["stream", "--num-requests", "0"]),
+    ):
+        if case not in cases:
+            continue
         walls = [_run(argv, env, marks)[0] for _ in range(3)]
         print(f"{name}: {', '.join(f'{w:.2f}' for w in walls)} s (target < 2 s)")
     with gt.serve() as server:
         stream = ["stream", "--base-url", server.base_url, "--model", "ticks:10:10", "--num-requests", "4"]
-        _case("stream --no-track, 4 requests", [*stream, "--no-track"], env, marks, args.repeats, 5.0)
-        _case("stream tracked (SQLite), 4 requests", stream, env, marks, args.repeats, 7.0)
+        if "no-track" in cases:
+            _case("stream --no-track, 4 requests", [*stream, "--no-track"], env, marks, args.repeats, 5.0)
+        if "tracked" in cases:
+            _case("stream tracked (SQLite), 4 requests", stream, env, marks, args.repeats, 7.0)
     try:  # the local Prefect server the runs started (flows.prefect_server), where there is one
         from flows.prefect_server import stop_server
 

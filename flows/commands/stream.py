@@ -174,7 +174,8 @@ def command(
         Optional[str],
         typer.Option(
             help="Workload file: sharegpt:PATH, jsonl:PATH (prompt, output_len, input_len), a trace "
-            "sent at its recorded times: mooncake:PATH (hash_ids shared) or trace:PATH, or whole "
+            "sent at its recorded times: mooncake:PATH (hash_ids shared), trace:PATH or azure:PATH "
+            "(Azure's CSV), or whole "
             "conversations: sharegpt-multiturn:PATH (human turns replayed, replies live)."
         ),
     ] = None,
@@ -200,6 +201,8 @@ def command(
 ) -> None:
     """Stream from an endpoint: TTFT / ITL / TPOT / E2E per request, under load levels."""
     cfg = load_stream_config(config)
+    # a trace sends every row unless --num-requests (or the config's file) says how many
+    num_requests_given = num_requests is not None or "num_requests" in cfg.stream.model_fields_set
     if input_len is not None and (prompt or prompts):
         fail_input("--input-len: synthetic prompts replace --prompt/--prompts; give one of them")
     cfg = apply_overrides(
@@ -250,7 +253,9 @@ def command(
         },
     )
     check_dataset(
-        cfg, prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns))
+        cfg,
+        prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns)),
+        num_requests_given=num_requests_given,
     )
     if cfg.tracking.enabled and not no_track:
         start_tracking_writer()
@@ -292,7 +297,7 @@ def print_levels(levels: list[dict]) -> None:
     """One row per level: latencies (ms), TTFT p50 with its 95 % interval's half-width
     (``44.8 ± 1.2``; the others' are in --json and MLflow, 80 columns hold one), throughput,
     errors and the client-bound flag."""
-    from tasks.report.plots import rate_label
+    from tasks.report.plots import level_rate_label
 
     columns = [
         ("ttft_ms_p50", "TTFT\np50"),
@@ -319,13 +324,13 @@ def print_levels(levels: list[dict]) -> None:
         bound = {None: "n/a", 0: "no", 1: "YES"}.get(m.get("client_bound"), "n/a")
         table.add_row(
             str(lv["max_concurrency"]),
-            rate_label(lv["request_rate"]),
+            level_rate_label(lv["request_rate"], lv["metrics"]),
             *(fmt_interval(m, key) if key == "ttft_ms_p50" else fmt_value(m.get(key)) for key, _ in columns),
             bound,
         )
     console.print(table)
     repeated = [  # --repeats N > 1: the spread between the runs, beside the pooled figures above
-        f"conc {lv['max_concurrency']} rate {rate_label(lv['request_rate'])}: "
+        f"conc {lv['max_concurrency']} rate {level_rate_label(lv['request_rate'], lv['metrics'])}: "
         f"{fmt_value(m['ttft_ms_p50_repeat_min'])}-{fmt_value(m['ttft_ms_p50_repeat_max'])}"
         for lv in levels
         if (m := lv["metrics"]).get("num_repeats")

@@ -78,7 +78,9 @@ def workload_overrides(
     }
 
 
-def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = True) -> None:
+def check_dataset(
+    cfg: Any, other_source: Any = None, *, allow_trace: bool = True, num_requests_given: bool = True
+) -> None:
     """Exit 2 when ``cfg.stream.dataset`` (a stream-shaped flow config's) is given with another
     prompt source (``other_source`` truthy: --prompt / --prompts / --input-len), or names a file
     of the wrong shape or without a usable row (``tasks.workload.datasets.read_rows``). A ShareGPT
@@ -86,7 +88,10 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
     with (the endpoint's, as ``tasks.endpoint.open_endpoint`` picks it), so a file whose every
     row fails it exits 2 before the run, naming the first such row. A trace (``mooncake:`` /
     ``trace:``) is read whole here, each row against the embedded server's context; where the
-    command cannot replay one (``allow_trace`` False: capacity searches rates) it exits 2."""
+    command cannot replay one (``allow_trace`` False: capacity searches rates) it exits 2. A
+    trace sends its first ``cfg.stream.num_requests`` rows: with ``num_requests_given`` False
+    (neither --num-requests nor the config's file set it) it is set here to the row count, so
+    every row is sent; a number above the row count exits 2."""
     stream = cfg.stream
     context = None if cfg.endpoint.base_url else cfg.server.n_ctx
     if stream.prefix_groups and context is not None:
@@ -133,9 +138,15 @@ def check_dataset(cfg: Any, other_source: Any = None, *, allow_trace: bool = Tru
                 f"--dataset {kind}: a trace sets its own send times; replay it with `infermeter stream`"
             )
         try:
-            read_trace(kind, path, max_context=context)
+            rows = read_trace(kind, path, max_context=context)
         except TraceError as exc:
             fail_input(str(exc))
+        if not num_requests_given:
+            stream.num_requests = len(rows)
+        elif stream.num_requests > len(rows):
+            from tasks.workload.stage import trace_too_short
+
+            fail_input(trace_too_short(stream.dataset, len(rows), stream.num_requests))
         return
     try:
         kind, _, _ = read_rows(stream.dataset)

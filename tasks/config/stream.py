@@ -28,7 +28,12 @@ class StreamConfig(_Strict):
     max_concurrency: list[int] = Field(
         default_factory=lambda: [1, 4], min_length=1, description="Concurrency levels."
     )
-    num_requests: int = Field(8, ge=1, description="Measured requests per level.")
+    num_requests: int = Field(
+        8,
+        ge=1,
+        description="Measured requests per level (a trace: its first num_requests rows; "
+        "`infermeter stream` without --num-requests sends every row).",
+    )
     warmup: int = Field(1, ge=0, description="Warm-up requests before each level (excluded).")
     repeats: int = Field(
         1,
@@ -104,7 +109,8 @@ class StreamConfig(_Strict):
         None,
         description="Workload file: sharegpt:PATH (ShareGPT JSON), jsonl:PATH (prompt, output_len, "
         "input_len per line), or a recorded trace sent at its recorded times: mooncake:PATH "
-        "(timestamp, input_length, output_length, hash_ids per line) or trace:PATH (no hash_ids); "
+        "(timestamp, input_length, output_length, hash_ids per line), trace:PATH (no hash_ids; "
+        "timestamps in ms) or azure:PATH (Azure's CSV: TIMESTAMP,ContextTokens,GeneratedTokens); "
         "or whole conversations: sharegpt-multiturn:PATH (the human turns replayed, the replies "
         "live); replaces prompts / input_len.",
     )
@@ -178,7 +184,7 @@ class StreamConfig(_Strict):
             raise ValueError(
                 "prefix_len (--prefix-len) needs prefix_groups (--prefix-groups: how many shared prefixes)"
             )
-        trace = (self.dataset or "").partition(":")[0] in ("mooncake", "trace")
+        trace = (self.dataset or "").partition(":")[0] in ("mooncake", "trace", "azure")
         if trace and any(r is not None for r in self.request_rate):
             raise ValueError(
                 "a trace sets its own send times: drop request_rate (--request-rate); speed it with "
@@ -209,7 +215,7 @@ class StreamConfig(_Strict):
         if not trace and self.time_scale != 1.0:
             raise ValueError(
                 "time_scale (--time-scale) speeds a recorded trace: give one with --dataset "
-                "mooncake:PATH or trace:PATH, or drop it"
+                "mooncake:PATH, trace:PATH or azure:PATH, or drop it"
             )
         return self
 

@@ -77,7 +77,8 @@ def stream_stage(
             rate_text = plots_module.rate_label(level.request_rate)
             start_ms, end_ms = level_wall_ms(level)
             child = run.tracker.start_run(
-                f"stream c={level.max_concurrency} rate={rate_text}",
+                f"stream c={level.max_concurrency} "
+                + (f"rate={rate_text}" if "schedule_faithful" not in level.metrics else "trace"),
                 run.run_id,
                 {"stage": "stream_level"},
                 start_time_ms=start_ms,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import polars as pl
 
-from tasks.report.plots import rate_label
+from tasks.report.plots import level_rate_label
 from tasks.report.timeline_plot import timeline_plot
 from tasks.stats import percentile
 from tasks.stream.levels import Level
@@ -70,7 +70,8 @@ def log_timeline(
     if samples:
         written.append(folder / f"{stem}_gauges.csv")
         pl.DataFrame(samples, infer_schema_length=None).write_csv(written[-1])
-    title = f"level {level.level}: concurrency {level.max_concurrency}, rate {rate_label(level.request_rate)}"
+    rate = level_rate_label(level.request_rate, level.metrics)
+    title = f"level {level.level}: concurrency {level.max_concurrency}, rate {rate}"
     written.append(timeline_plot(rows, samples, folder / f"{stem}_timeline.png", title))
     for path in written:
         tracker.log_artifact(run_id, path, "timeline")

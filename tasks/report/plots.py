@@ -84,6 +84,15 @@ def rate_label(request_rate: float | None) -> str:
     return f"{request_rate:g}"
 
 
+def level_rate_label(request_rate: float | None, metrics: dict[str, Any] | None = None) -> str:
+    """A level's arrivals in words: ``trace`` for a replayed trace (its metrics carry
+    ``schedule_faithful``: sent at recorded times, not all at once), else :func:`rate_label`
+    (the ``request_rate`` param keeps ``inf``)."""
+    if metrics is not None and "schedule_faithful" in metrics:
+        return "trace"
+    return rate_label(request_rate)
+
+
 # One chart per PNG at one size: 6.4 x 4.2 inches at 100 dpi = 640 x 420 px, which MLflow's
 # artifact viewer shows unscaled; a multi-panel grid was shrunk to its pane's width and its
 # labels became unreadable (issue 14).
@@ -120,7 +129,8 @@ def level_histogram_figures(level: dict[str, Any], stem: str, bins: int = 40) ->
         "ttft": ([r["ttft_ms"] for r in ok if r.get("ttft_ms") is not None], "TTFT"),
         "itl": ([gap for r in ok for gap in (r.get("itl_ms") or [])], "ITL (gap between text chunks)"),
     }
-    where = f"max_concurrency={level['max_concurrency']} request_rate={rate_label(level['request_rate'])}"
+    rate = level_rate_label(level["request_rate"], level.get("metrics"))
+    where = f"max_concurrency={level['max_concurrency']} request_rate={rate}"
     figures = {}
     for key, (values, name) in series.items():
         fig, ax = _figure()
@@ -167,7 +177,7 @@ def load_curves_figures(levels: Sequence[dict[str, Any]]) -> dict[str, Any]:
     rows = [
         {
             "max_concurrency": lv["max_concurrency"],
-            "rate": rate_label(lv["request_rate"]),
+            "rate": level_rate_label(lv["request_rate"], lv["metrics"]),
             **{k: lv["metrics"].get(k) for k in _CURVE_KEYS},
         }
         for lv in levels

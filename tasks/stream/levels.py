@@ -365,13 +365,13 @@ def _level_metrics(
         if metrics["schedule_faithful"] == 0:
             logger.warning(
                 "level %d did not keep the recorded schedule: sends were %.1f ms late at p99 (> %g ms; "
-                "achieved %s requests/s against the recorded %s): raise --max-concurrency, or more "
-                "--client-processes, or replay slower (--time-scale)",
+                "achieved %s requests/s against the recorded %s): %s",
                 index,
                 metrics["send_lateness_ms_p99"],
                 quality.SCHEDULE_LATENESS_TOLERANCE_MS,
                 rate_text(metrics.get("achieved_request_rate")),
                 rate_text(metrics.get("recorded_request_rate")),
+                quality.schedule_advice(result.measured, settings.max_concurrency),
             )
     _warn_client(metrics, settings, logger)
     return metrics

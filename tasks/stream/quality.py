@@ -173,3 +173,58 @@ def distinct_texts(value: float, limit: float) -> tuple[str, str]:
 def rate_text(value: float | None) -> str:
     """A rate in a warning: one decimal, ``n/a`` for None."""
     return "n/a" if value is None else f"{value:.1f}"
+
+
+def _peak_overlap(spans: Iterable[tuple[int, int]]) -> int:
+    """The most spans ``(start, end)`` open at one instant (one ending as another starts: not
+    both open)."""
+    events = sorted((t, step) for start, end in spans for t, step in ((start, 1), (end, -1)))
+    peak = now = 0
+    for _, step in events:
+        now += step
+        peak = max(peak, now)
+    return peak
+
+
+def schedule_advice(records: Iterable[Any], max_concurrency: int) -> str:
+    """What to do about sends that fell behind a recorded schedule, from what the level shows
+    (its measured records; times from ``send_ns``, ``ttft_ms``, ``e2e_ms``, ``stream_close_ms``):
+
+    - the server streamed one response at a time (no two responses' first-to-last text chunks
+      overlapped, over at least 2 of more than one token) while more than one request was in
+      flight: the server serialises them; a higher ``--max-concurrency`` only queues more there;
+    - ``max_concurrency`` 1: each send waited for the response before it;
+    - fewer than ``max_concurrency`` in flight at any instant: the slots were not the limit, the
+      client was slow to send;
+    - else the slots were full while the server answered several at once: raise
+      ``--max-concurrency``.
+
+    Returns one clause for a warning (``...: <advice>``).
+    """
+    done = [r for r in records if r.stream_close_ms is not None]
+    flight = _peak_overlap((r.send_ns, r.send_ns + int(r.stream_close_ms * 1e6)) for r in done)
+    decoding = [
+        (r.send_ns + int(r.ttft_ms * 1e6), r.send_ns + int(r.e2e_ms * 1e6))
+        for r in done
+        if r.ttft_ms is not None and r.e2e_ms is not None and r.e2e_ms > r.ttft_ms
+    ]
+    slower = "replay slower (--time-scale below 1)"
+    if len(decoding) >= 2 and _peak_overlap(decoding) <= 1 and flight > 1:
+        return (
+            f"the server answered one request at a time (never two responses streaming at once, "
+            f"with up to {flight} in flight): the server is the limit, and a higher "
+            f"--max-concurrency only queues more there; {slower}, or serve more requests at once "
+            "(more parallel slots, e.g. llama.cpp --parallel)"
+        )
+    if max_concurrency == 1:
+        return (
+            "each send waited for the response before it (--max-concurrency 1): the server took "
+            f"longer per request than the trace's gaps; raise --max-concurrency (the server then "
+            f"queues them), or {slower}"
+        )
+    if flight < max_concurrency:
+        return (
+            f"at most {flight} of {max_concurrency} slots were ever in use, so the client was slow "
+            f"to send: more --client-processes, or {slower}"
+        )
+    return f"raise --max-concurrency, or more --client-processes, or {slower}"

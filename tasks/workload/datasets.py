@@ -91,7 +91,7 @@ def parse_spec(spec: str) -> tuple[str, Path]:
     kind, sep, path = spec.partition(":")
     if not sep or kind not in KINDS or not path:
         raise DatasetError(
-            f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH, jsonl:PATH, sharegpt-multiturn:PATH, mooncake:PATH or trace:PATH"
+            f"--dataset: {spec!r} is not KIND:PATH; write sharegpt:PATH, jsonl:PATH, sharegpt-multiturn:PATH, mooncake:PATH, trace:PATH or azure:PATH"
         )
     if not Path(path).is_file():
         raise DatasetError(f"--dataset: file not found: {path}")

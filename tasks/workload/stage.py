@@ -47,7 +47,8 @@ class StageWorkload:
             share those tokens (a repeated text prompt is one block).
         groups: each prompt's shared-prefix group (None for a warm-up prompt), or None.
         schedule_s: a trace's send times of the measured requests (seconds after the first).
-        num_requests: measured requests per level (a trace: its rows).
+        num_requests: measured requests per level (a trace: its first ``cfg.num_requests``
+            rows).
         salt: the salt of the random tokens.
         source: the file a workload came from, or None (logged as an artifact).
         sessions: a conversation workload's sessions (``tasks.workload.conversation``; the
@@ -97,7 +98,8 @@ def stage_workload(cfg: Any, tokenizer: Any, *, salt: int, max_context: int | No
 
     Raises:
         DatasetError: a bad ``--dataset`` file or spec (one line naming the file, the row and the
-            field; a trace's ``TraceError`` is raised as one).
+            field; a trace's ``TraceError`` is raised as one), or a trace of fewer rows than
+            ``cfg.num_requests``.
     """
     n, warm = cfg.num_requests, cfg.warmup
     if cfg.turns or (cfg.dataset or "").startswith(f"{CONVERSATION_KIND}:"):
@@ -150,6 +152,14 @@ def stage_workload(cfg: Any, tokenizer: Any, *, salt: int, max_context: int | No
     return StageWorkload("prompts", prompts, counts, None, _unique_blocks(prompts, counts), n, salt)
 
 
+def trace_too_short(dataset: str, rows: int, asked: int) -> str:
+    """The message for a trace of fewer rows than the requests asked of it."""
+    return (
+        f"--num-requests: {asked} requests asked of --dataset {dataset}, which has {rows} rows; "
+        f"give at most {rows}, or leave --num-requests out to send every row"
+    )
+
+
 def _mix(seed: int, salt: int) -> int:
     return int.from_bytes(hashlib.sha1(f"{seed}:{salt}".encode()).digest()[:8], "big")
 
@@ -191,9 +201,14 @@ def _conversation(cfg: Any, tokenizer: Any, salt: int) -> StageWorkload:
 
 
 def _trace(cfg: Any, tokenizer: Any, salt: int, max_context: int | None) -> StageWorkload:
+    """The trace's first ``cfg.num_requests`` rows (``infermeter stream`` sets it to the row
+    count when --num-requests is not given: ``flows.commands.workload.check_dataset``)."""
     kind, _, path = cfg.dataset.partition(":")
     try:
         rows = read_trace(kind, path, max_context=max_context)
+        if cfg.num_requests > len(rows):
+            raise TraceError(trace_too_short(cfg.dataset, len(rows), cfg.num_requests))
+        rows = rows[: cfg.num_requests]
         built = build_trace(rows, tokenizer, time_scale=cfg.time_scale, salt=salt)
     except TraceError as exc:
         raise DatasetError(str(exc)) from None

@@ -28,3 +28,36 @@ def test_no_module_under_tasks_or_flows_is_over_about_400_lines():
     }
     assert len(sizes) > 40
     assert {name: n for name, n in sizes.items() if n > MAX_LINES} == {}
+
+
+def test_the_readme_names_every_deployment_serve_registers():
+    """Issue 31: the README said `serve` registers 5 deployments while it registered 7."""
+    import re
+
+    from flows.commands.deploy import FLOWS
+
+    readme = " ".join((ROOT / "README.md").read_text(encoding="utf-8").split())
+    said = re.search(r"`infermeter serve` registers one deployment per flow, (\d+) \(([^:)]+)", readme)
+    assert said, "the README's sentence on `infermeter serve` moved: keep its count and names"
+    names = [name for _, _, name in FLOWS]
+    assert (int(said.group(1)), said.group(2).split(", ")) == (len(names), names)
+
+
+def test_no_absolute_path_of_a_machine_in_the_tree():
+    """Issue 31: the README named the checkout's own folder (``/root/...``, ``/work/...``):
+    commands and docs say paths relative to the checkout, ``$HOME``, or ``/path/to/...``."""
+    import re
+
+    listed = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT, check=True)
+    machine_path = re.compile(r"(?<![\w.$\-/])/(root|work|home|Users)/\w")
+    found = []
+    for name in listed.stdout.splitlines():
+        path = ROOT / name
+        if path.suffix in (".png", ".gguf", ".parquet", ".db") or not path.is_file():
+            continue
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        found += [f"{name}:{n}" for n, line in enumerate(text.splitlines(), 1) if machine_path.search(line)]
+    assert found == []

@@ -170,3 +170,37 @@ def test_a_filter_finds_the_flows_own_runs_unless_children_are_asked_for(sized_s
     assert out.returncode == 0, out.stderr
     rows = json.loads((tmp_path / "c.json").read_text())["rows"]
     assert sorted(r["name"] for r in rows) == sorted([f"r{i}" for i in range(8)] + ["stream"] * 8)
+
+
+def test_text_is_shown_whole_and_unlike_runs_are_named(tmp_path):
+    """Issue 31: a model's name was cut to 20 characters and folded mid-word ("SmolLM2-135M
+    -Instruc"), and a change between an audit on llama.cpp and a stream on vLLM was printed
+    without a word. Now text wraps between its pieces, whole, and a note under the table (and
+    ``unlike`` in --json) names what differs."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    tracker = Tracker("unlike", uri)
+    model = "SmolLM2-135M-Instruct"
+    for flow, engine, ttft in (("audit", "llama.cpp", 100.0), ("stream", "vllm", 80.0)):
+        tags = {"flow": flow, "endpoint_kind": engine, "endpoint_model": model, "host": "bench-host-01"}
+        run = tracker.start_run(f"{flow} 12-02 10:06:42 {engine} {model}", tags=tags)
+        tracker.log_metrics(run, {"ttft_ms_p50": ttft})
+        tracker.end_run(run)
+    args = ["--experiment", "unlike", "--filter", "", "--metrics", "ttft_ms_p50"]
+    out = _plain_cli([*args, "--json", str(tmp_path / "u.json")], uri)
+    assert out.returncode == 0, out.stderr
+    rows = [line.split(line[0])[2:4] for line in out.stdout.splitlines() if line and line[0] in "│┃"]
+    for i in (0, 1):  # in the header and the rows, the model's name split after a hyphen, whole
+        shown = [row[i].strip() for row in rows]
+        assert shown.count("SmolLM2-135M-") == shown.count("Instruct") == 2 and "bench-host-01" in shown
+    assert "Instruc " not in out.stdout and "…" not in out.stdout
+    note = " ".join(out.stdout[out.stdout.index("note:") :].split())
+    assert note == (
+        "note: these runs differ in flow (audit, stream), engine (llama.cpp, vllm): a change between "
+        "them measures that difference, not a regression or a gain of one setup"
+    )
+    assert json.loads((tmp_path / "u.json").read_text())["unlike"] == {
+        "flow": ["audit", "stream"],
+        "engine": ["llama.cpp", "vllm"],
+    }
+    alike = _plain_cli(["--experiment", "unlike", "--metrics", "ttft_ms_p50"], uri)  # the audit alone
+    assert alike.returncode == 0 and "note:" not in alike.stdout, alike.stderr

@@ -8,7 +8,7 @@ import re
 import pytest
 from rich.console import Console
 
-from flows.commands import stream, sweep
+from flows.commands import stream, sweep, tables
 
 LEFT_OUT = re.compile(r"left out to fit (\d+) columns: (.+) \(COLUMNS=(\d+) shows them; so does --json\)")
 
@@ -95,3 +95,29 @@ def test_sweep_points_never_cut_a_figure_or_write_large_ones_in_exponent_form(mo
     else:
         assert note is None
     assert width == 80 or note is not None  # 60 columns cannot hold them all
+
+
+def test_a_skewed_interval_is_shown_by_its_ends_not_a_plus_minus_wider_than_the_value(monkeypatch):
+    """Issue 31: the headline read ``prefill_ms 2,932 ± 3,457`` (the half-width of a bootstrap
+    interval [1,104, 9,848] of a right-skewed time: the ± claimed negative milliseconds)."""
+    headline = {
+        "prefill_ms": 2932.0,
+        "prefill_ms_ci_low": 1104.0,
+        "prefill_ms_ci_high": 9848.0,
+        "ttft_ms_p50": 72.1,
+        "ttft_ms_p50_ci_low": 68.7,
+        "ttft_ms_p50_ci_high": 75.5,
+        "weights_bytes": 7372800,
+    }
+    text = _printed(monkeypatch, tables, 80, tables.print_headline, "headline", headline)
+    rows = {
+        line.split("│")[1].strip(): line.split("│")[2].strip() for line in text.splitlines() if "│" in line
+    }
+    assert rows == {
+        "prefill_ms": "2,932.000 [1,104.000, 9,848.000]",
+        "ttft_ms_p50": "72.100 ± 3.400",
+        "weights_bytes": "7,372,800",
+    }
+    assert tables.interval_text(2932.0, 100.0, 6000.0) == "2,932 [100, 6,000]"  # ± would reach below 0
+    assert tables.interval_text(5.0, 6.0, 7.0) == "5.0 [6.0, 7.0]"  # the value outside its interval
+    assert tables.fmt_interval({"a": 10.0, "a_ci_low": 9.0, "a_ci_high": 11.2}, "a") == "10.0 ± 1.1"

@@ -14,8 +14,8 @@ import typer
 from rich.table import Table
 
 from flows.commands.common import fail_input, output_path, parse_list, preflight, write_json
-from flows.commands.tables import console, fmt_value, make_table
-from tasks.report.compare import EXTRA_COLUMNS, comparison_frame, markdown_table, plot_metric
+from flows.commands.tables import console, fmt_value, interval_text, make_table, wrap_words
+from tasks.report.compare import EXTRA_COLUMNS, comparison_frame, markdown_table, plot_metric, unlike_runs
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
 
@@ -91,27 +91,53 @@ def command(
             plot_metric(frame, metric, plot)
         except KeyError:
             fail_input("--plot: no metric to plot (give --metrics)")
-    write_json(json_path, {"rows": frame.to_dicts()})
+    unlike = unlike_runs(runs)
+    write_json(json_path, {"rows": frame.to_dicts(), "unlike": unlike})
+    note = _unlike_note(unlike)
     if markdown:
-        typer.echo(markdown_table(frame))
+        typer.echo(markdown_table(frame) + (f"\n{note}" if note else ""))
         return
     console.print(_transposed(frame))
+    if note:
+        console.print(note, highlight=False)
+
+
+def _unlike_note(unlike: dict[str, list[str]]) -> str:
+    """The line under the table when the runs differ in flow, engine or model
+    (``tasks.report.compare.unlike_runs``): their changes compare unlike measurements."""
+    if not unlike:
+        return ""
+    what = ", ".join(f"{label} ({', '.join(values)})" for label, values in unlike.items())
+    return (
+        f"note: these runs differ in {what}: a change between them measures that difference, "
+        "not a regression or a gain of one setup"
+    )
 
 
 def _at(frame, column: str, row: int):
     return frame[column][row] if column in frame.columns else None
 
 
+#: Text (run names, models, hosts) wraps at this many characters, between words or after a
+#: ``-``, ``/``, ``:`` ... (``flows.commands.tables.wrap_words``), never inside a piece.
+TEXT_WIDTH = 14
+
+
 def _transposed(frame) -> Table:
     """Metrics as rows, runs as columns: reads in a terminal however many metrics there are.
     A metric whose every value is whole (bytes, counts) is written as an integer, others to
     three decimals; a change goes on its own line under the value, so a column is as wide as
-    its longest figure (runs that do not fit are left out, and the line after says which)."""
+    its longest figure or its longest piece of text (text is shown whole, wrapped at
+    :data:`TEXT_WIDTH`; runs that do not fit are left out, and the line after says which)."""
+    headers = [
+        [*wrap_words(name or "", TEXT_WIDTH), run_id[:8]]
+        for name, run_id in zip(frame["name"], frame["run_id"])
+    ]
     table = make_table(
         "runs side by side (change against the first run)",
-        [("", "left")]
-        + [(f"{name or ''}\n{run_id[:8]}", "right") for name, run_id in zip(frame["name"], frame["run_id"])],
+        [("", "left")] + [("\n".join(lines), "right") for lines in headers],
     )
+    text_width = [max(len(line) for line in lines) for lines in headers]
     for column in frame.columns:
         if column in ("run_id", "name") or column.endswith(("_change_pct", *EXTRA_COLUMNS)):
             continue
@@ -123,14 +149,20 @@ def _transposed(frame) -> Table:
                 change = frame[f"{column}_change_pct"][i] if f"{column}_change_pct" in frame.columns else None
                 cell = f"{value:,.0f}" if whole else fmt_value(value, ",.3f")
                 low, high = (_at(frame, f"{column}_{end}", i) for end in ("ci_low", "ci_high"))
-                if low is not None and high is not None:  # the run's own 95 % interval
-                    cell += f"\n± {fmt_value((high - low) / 2, ',.3f')}"
+                if low is not None and high is not None:  # the run's own 95 % interval, on its line
+                    cell += "\n" + interval_text(value, low, high, ",.3f").removeprefix(
+                        fmt_value(value, ",.3f") + " "
+                    )
                 if i > 0 and change is not None:
                     cell += f"\n({change:+.1f} %)"
                 if _at(frame, f"{column}_verdict", i):  # the class its audit's verdict gave it
                     cell += f"\n{_at(frame, f'{column}_verdict', i)}"
             else:
-                cell = "" if value is None else str(value)[:20]
+                lines = wrap_words("" if value is None else str(value), TEXT_WIDTH)
+                text_width[i] = max(text_width[i], *map(len, lines), 0)
+                cell = "\n".join(lines)
             cells.append(cell)
         table.add_row(column, *cells)
+    for column, width in zip(table.columns[1:], text_width):
+        column.min_width = width  # the text's longest piece: kept whole when the table is fitted
     return table

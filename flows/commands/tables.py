@@ -40,18 +40,36 @@ def fmt_value(value: Any, spec: str | None = None, scale: float = 1.0) -> str:
     return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.1f}"
 
 
+def interval_text(value: Any, low: Any, high: Any, spec: str | None = None) -> str:
+    """A figure with its 95 % interval, each number as :func:`fmt_value` writes it (``spec``):
+    ``72.1 ± 3.4`` (the half-width) when the interval is about even around the value, else
+    the ends, ``2,932 [1,104, 9,848]``: one side more than 1.5 times the other, the value
+    outside it, or a ± that would reach below zero where the interval does not (a bootstrap
+    interval of a right-skewed metric: ``2,932 ± 3,457`` claimed negative milliseconds). The
+    value alone without an interval."""
+    text = fmt_value(value, spec)
+    if low is None or high is None:
+        return text
+    half = (high - low) / 2
+    below, above = (value - low, high - value) if isinstance(value, (int, float)) else (-1, -1)
+    skewed = min(below, above) < 0 or max(below, above) > 1.5 * min(below, above)
+    if skewed or (value - half < 0 <= low):
+        return f"{text} [{fmt_value(low, spec)}, {fmt_value(high, spec)}]"
+    return f"{text} ± {fmt_value(half, spec)}"
+
+
 def fmt_interval(metrics: Mapping[str, Any], name: str) -> str:
-    """``value ± half-width`` of a figure with its interval (``name_ci_low`` / ``_ci_high``,
-    ``tasks.stats.interval``), e.g. ``72.1 ± 3.4``; the value alone without one."""
-    low, high = metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high")
-    text = fmt_value(metrics.get(name))
-    return text if low is None or high is None else f"{text} ± {fmt_value((high - low) / 2)}"
+    """A figure with its interval (``name_ci_low`` / ``_ci_high``, ``tasks.stats.interval``)
+    as :func:`interval_text` writes it, e.g. ``72.1 ± 3.4``; the value alone without one."""
+    return interval_text(metrics.get(name), metrics.get(f"{name}_ci_low"), metrics.get(f"{name}_ci_high"))
 
 
 #: A figure as the tables write it: ``1,234.5``, ``-0.03``, ``1.14e+03``, ``12 %``,
-#: ``(+12.3 %)``, ``inf``, ``n/a``, ``72.1 ± 3.4``. A line of a right-justified column that reads so is never cut.
+#: ``(+12.3 %)``, ``inf``, ``n/a``, ``72.1 ± 3.4``, ``2,932 [1,104, 9,848]``, an interval alone
+#: (``± 3.4``, ``[1,104, 9,848]``). A line of a right-justified column that reads so is never cut.
 _NUMBER = r"[-+]?(\d[\d,]*(\.\d*)?(e[-+]?\d+)?|inf|n/a)"
-_FIGURE = re.compile(rf"[(]?{_NUMBER}( ?%)?[)]?( ± {_NUMBER})?")
+_ENDS = rf"\[{_NUMBER}, {_NUMBER}\]"
+_FIGURE = re.compile(rf"[(]?{_NUMBER}( ?%)?[)]?( ± {_NUMBER}| {_ENDS})?|± {_NUMBER}|{_ENDS}")
 #: Text columns fold down to this many characters (fewer when their text is shorter) before
 #: columns are left out; a header word longer than this folds rather than widening its column.
 TEXT_FLOOR = 12
@@ -93,7 +111,32 @@ def _rigid_width(console: Console, column: Column) -> int | None:
     lines = [line.strip() for cell in column.cells for line in _lines(console, cell)]
     figures = [len(line) for line in lines if _FIGURE.fullmatch(line)]
     header = max((len(word) for line in _lines(console, column.header) for word in line.split()), default=1)
-    return max([*figures, min(header, TEXT_FLOOR)])
+    return max([*figures, min(header, TEXT_FLOOR), column.min_width or 0])
+
+
+#: Where :func:`wrap_words` may break a word too long for its line: after one of these.
+_WORD_PIECE = re.compile(r"[^\-_/:,.]*[\-_/:,.]*")
+
+
+def wrap_words(text: str, width: int) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken at spaces, and inside a word
+    longer than ``width`` only after ``-``, ``_``, ``/``, ``:``, ``,`` or ``.``
+    (``SmolLM2-135M-Instruct`` at 14: ``SmolLM2-135M-``, ``Instruct``); a piece longer than
+    ``width`` keeps a line of its own, whole (never cut)."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        pieces = [word] if len(word) <= width else [p for p in _WORD_PIECE.findall(word) if p]
+        for n, piece in enumerate(pieces):
+            joined = f"{line}{'' if n or not line else ' '}{piece}"
+            if line and len(joined) > width:
+                lines.append(line)
+                line = piece
+            else:
+                line = joined
+    if line:
+        lines.append(line)
+    return lines
 
 
 def _natural_width(console: Console, column: Column) -> int:
@@ -104,7 +147,8 @@ def fit_table(table: Table, console: Console, width: int) -> tuple[Table, list[s
     """A copy of ``table`` that fits ``width`` without cutting a figure, the headers of the
     columns left out (the last ones; never the first), and the width the whole table needs.
 
-    Right-justified and ``no_wrap`` columns get a fixed width (:func:`_rigid_width`); the other
+    Right-justified and ``no_wrap`` columns get a fixed width (:func:`_rigid_width`; at least
+    the column's ``min_width``: text a command wrapped itself, :func:`wrap_words`); the other
     columns fold (``overflow="fold"``) and count :data:`TEXT_FLOOR` characters at most."""
     fitted, budget = [], []
     for column in table.columns:
@@ -155,17 +199,15 @@ def make_table(
 
 
 def print_headline(title: str, headline: Mapping[str, Any]) -> None:
-    """One row per headline metric: name and value (three decimals for floats), ``± x`` its 95 %
-    interval's half-width where the headline carries ``_ci_low`` / ``_ci_high``."""
+    """One row per headline metric: name and value (three decimals for floats), with its 95 %
+    interval where the headline carries ``_ci_low`` / ``_ci_high`` (:func:`interval_text`:
+    ``± x`` when about even, ``[low, high]`` when skewed)."""
     table = make_table(title, (("metric", "left"), ("value", "right")))
     for key, value in headline.items():
         if key.endswith(("_ci_low", "_ci_high")) and key.rpartition("_ci_")[0] in headline:
             continue
         low, high = headline.get(f"{key}_ci_low"), headline.get(f"{key}_ci_high")
-        text = fmt_value(value, ",.3f")
-        table.add_row(
-            key, text if low is None or high is None else f"{text} ± {fmt_value((high - low) / 2, ',.3f')}"
-        )
+        table.add_row(key, interval_text(value, low, high, ",.3f"))
     console.print(table)
 
 

@@ -75,6 +75,26 @@ def comparison_frame(runs: Sequence[dict], metrics: Sequence[str] | None = None)
     return frame.with_columns(changes)
 
 
+#: What two runs must share for a change between them to compare like with like: the tag, and
+#: how the note names it.
+LIKE_TAGS = {"flow": "flow", "endpoint_kind": "engine", "endpoint_model": "model", "model": "model"}
+
+
+def unlike_runs(runs: Sequence[dict]) -> dict[str, list[str]]:
+    """What differs between ``runs`` that makes their changes compare unlike measurements: for
+    each of :data:`LIKE_TAGS`' names (``flow``, ``engine``, ``model``) whose tag holds more
+    than one value among the runs that carry it, those values in the runs' order, each once
+    (``{"flow": ["audit", "stream"], "engine": ["llama.cpp", "vllm"]}``); {} when they are
+    alike. A run without the tag (a child run, a run from before it) is not judged on it."""
+    found: dict[str, list[str]] = {}
+    for tag, label in LIKE_TAGS.items():
+        values = list(dict.fromkeys(str(r["tags"][tag]) for r in runs if r["tags"].get(tag)))
+        if len(values) > 1:
+            found.setdefault(label, [])
+            found[label] += [v for v in values if v not in found[label]]
+    return found
+
+
 def markdown_table(frame: pl.DataFrame) -> str:
     """The frame as a GitHub markdown table: numbers to 3 decimals, but a column whose every
     value is whole (bytes, counts) as integers."""

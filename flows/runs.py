@@ -28,7 +28,7 @@ from tasks.config import TrackingConfig
 from tasks.environment import TORCH_FLOWS, environment_tags
 from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
-from tasks.tracking_writer import flush, real_run_id
+from tasks.tracking.writer import flush, real_run_id
 
 __all__ = ["ParentRun", "final_state", "latest_workdir", "new_workdir", "parent_run"]
 
@@ -165,7 +165,7 @@ def parent_run(
     run = ParentRun(target, tracker, run_id, workdir, all_tags)
     try:
         yield run
-        flush(tracker)  # a tracking writer's (tasks.tracking_writer): a write that failed fails the run
+        flush(tracker)  # a tracking writer's (tasks.tracking.writer): a write that failed fails the run
     except BaseException as exc:
         error = run.error or (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         if isinstance(exc, Exception):

@@ -361,8 +361,8 @@ def test_close_abandoned_closes_only_runs_whose_owner_is_gone(tmp_path) -> None:
     another pid namespace's, and runs without the owner tags are left alone."""
     from mlflow.tracking import MlflowClient
 
-    from tasks.run_owner import owner_gone, process_identity
     from tasks.tracking import OWNER_HOST_TAG, OWNER_TAG, Tracker
+    from tasks.tracking.run_owner import owner_gone, process_identity
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     host = socket.gethostname()

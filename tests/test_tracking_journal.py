@@ -11,8 +11,8 @@ from mlflow.tracking import MlflowClient
 
 from tasks.server import free_port
 from tasks.tracking import PARENT_TAG, Tracker
-from tasks.tracking_journal import offline_note, pending_entries, short_reason, sync
-from tasks.tracking_sync import journal_replayer
+from tasks.tracking.journal import offline_note, pending_entries, short_reason, sync
+from tasks.tracking.sync import journal_replayer
 
 
 def test_gone_server_journals_then_sync_replays_once(tmp_path, monkeypatch):

@@ -1,4 +1,4 @@
-"""The tracking writer process (tasks.tracking_writer, issue 29): the same calls through it and
+"""The tracking writer process (tasks.tracking.writer, issue 29): the same calls through it and
 through an in-process Tracker leave the same MLflow runs; a failed write raises in the command;
 what the command sent before a SIGKILL, and the KILLED end it sends after a Ctrl-C at the
 terminal, land; the runs are owned by the command, not by the writer."""
@@ -14,11 +14,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks import tracking_writer
 from tasks.pipeline.stream_files import stage_plots
 from tasks.report import plots
-from tasks.run_owner import OWNER_TAG, process_identity
 from tasks.tracking import PARENT_TAG, Tracker, TrackingTarget
+from tasks.tracking import writer as tracking_writer
+from tasks.tracking.run_owner import OWNER_TAG, process_identity
 
 START_MS = 1_700_000_000_000
 
@@ -161,7 +161,7 @@ def test_level_histogram_paths_are_the_files_drawn(tmp_path) -> None:
 _COMMAND = textwrap.dedent(
     """
     import os, signal, sys, time
-    from tasks import tracking_writer
+    from tasks.tracking import writer as tracking_writer
     from tasks.tracking import TrackingTarget
 
     tracking_writer.start()

@@ -311,9 +311,9 @@ _CLOSING: list[str] = []
 
 def report_tracking_journal(workdir: str | Path | None) -> None:
     """When the tracking server went away during the run (its writes went to the journal in
-    the run folder, :mod:`tasks.tracking_journal`), the command ends, after its tables, with
+    the run folder, :mod:`tasks.tracking.journal`), the command ends, after its tables, with
     one line naming the server, why, the folder and the command that uploads the rest; exit 1."""
-    from tasks.tracking_journal import offline_note
+    from tasks.tracking.journal import offline_note
 
     note = offline_note(workdir) if workdir else None
     if note is not None:

@@ -286,9 +286,9 @@ def command(
 
 def start_tracking_writer() -> None:
     """Start the process that will do the run's MLflow writes and plots
-    (``tasks.tracking_writer``): its imports (MLflow, the store, matplotlib, the level files'
+    (``tasks.tracking.writer``): its imports (MLflow, the store, matplotlib, the level files'
     modules) run while this process checks the endpoint and starts Prefect."""
-    from tasks import tracking_writer
+    from tasks.tracking import writer as tracking_writer
 
     tracking_writer.start(("tasks.report.plots:_pyplot", "tasks.pipeline.stream_files"))
 

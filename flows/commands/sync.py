@@ -1,5 +1,5 @@
 """`infermeter sync RUN_FOLDER`: upload what a run could not log while its tracking server was
-away (the journal in ``RUN_FOLDER/tracking/``, :mod:`tasks.tracking_journal`).
+away (the journal in ``RUN_FOLDER/tracking/``, :mod:`tasks.tracking.journal`).
 
 The run's own end named the folder and this command. Each journal entry is sent once, oldest
 first, and marked as sent: a second sync sends nothing, and a sync cut off half way (the server
@@ -29,7 +29,7 @@ def command(
 ) -> None:
     """Upload a run's records that its MLflow tracking server missed (it was away)."""
     from tasks.preflight import PreflightError, check_tracking_server
-    from tasks.tracking_journal import offline_note, pending_entries
+    from tasks.tracking.journal import offline_note, pending_entries
 
     if not run_folder.is_dir():
         fail_input(f"RUN_FOLDER: {run_folder} is not a folder; give the folder the run's output named")
@@ -50,8 +50,8 @@ def command(
             check_tracking_server(uri)
         except PreflightError as exc:
             fail_input(f"{setting}: {exc.message}; start it (or give --tracking-uri), then sync again")
-    from tasks.tracking_journal import sync
-    from tasks.tracking_sync import journal_replayer
+    from tasks.tracking.journal import sync
+    from tasks.tracking.sync import journal_replayer
 
     try:
         result = sync(run_folder, uri, journal_replayer(uri))

@@ -22,7 +22,7 @@ from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
-from tasks.tracking_writer import measuring, real_run_id, run_job
+from tasks.tracking.writer import measuring, real_run_id, run_job
 from tasks.workload.stage import run_salt, stage_workload
 
 STREAM_HEADLINE = metrics.headline("stream")
@@ -44,7 +44,7 @@ def stream_stage(
     ``cfg.slice_s``-second windows (``tasks.pipeline.timeline``: step series, CSV, a stacked
     plot). One child run per level, logged as the level finishes; its plots and timeline are
     drawn and logged by ``tasks.pipeline.stream_files`` (off the timed path when the command
-    started a tracking writer: ``tasks.tracking_writer.run_job``). When
+    started a tracking writer: ``tasks.tracking.writer.run_job``). When
     every measured request failed the stage's run ends FAILED (``error`` tag: the first error),
     its records logged and returned all the same.
 

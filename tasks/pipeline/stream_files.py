@@ -3,7 +3,7 @@ histograms and timeline on its child run, then its end; the load curves and ever
 histograms on the stage's run.
 
 Each function takes the tracker first and plain values after, so that
-``tasks.tracking_writer.run_job`` can run it in the tracking writer process, off the command's
+``tasks.tracking.writer.run_job`` can run it in the tracking writer process, off the command's
 timed path, or here and now when there is none. Imports neither prefect nor the stream client
 (the writer imports this module while the command starts).
 """

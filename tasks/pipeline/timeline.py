@@ -20,6 +20,7 @@ audit; ``tasks.pipeline.capacity``).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import polars as pl
 
@@ -29,7 +30,11 @@ from tasks.stats import percentile
 from tasks.stream.levels import Level
 from tasks.stream.timeline import level_timeline, sample_rows, wall_offset_ms
 from tasks.tracking import Tracker
-from tasks.tracking_series import log_step_rows
+from tasks.tracking.series import log_step_rows
+
+if TYPE_CHECKING:  # the level's module imports the client (openai), which the tracking
+    # writer process that draws the timeline does not need
+    from tasks.stream.levels import Level
 
 #: The prefix of every timeline metric.
 PREFIX = "timeline_"

@@ -151,14 +151,11 @@ def change(
         borrowed = RunSpread(own, units - 1, f"the {units} baseline runs")
     elif spread is not None:
         borrowed = spread
+    with np.errstate(divide="ignore", invalid="ignore"):
+        log_ratios = np.log(cur) - np.log(base)
     if len(current_units) == 1 and borrowed is not None and borrowed.sd_log > 0:
-        # one current run is one more draw of the machine's run-to-run state: it borrows the
-        # between-run spread s (the baseline runs' log deviations, or the history's), drawn as
-        # s x Student's t with df degrees of freedom (the prediction of a new run from U runs:
-        # Hahn & Meeker, Statistical Intervals, 1991, sec. 4.6; the resampled baseline side
-        # carries the mean's own 1 / U part)
-        cur = cur * np.exp(borrowed.sd_log * rng.standard_t(max(borrowed.df, 1), cur.size))
-    draws = 100.0 * (current * cur / (baseline * base) - 1.0)
+        log_ratios = _with_run_spread(log_ratios, borrowed, units, rng)
+    draws = 100.0 * (current / baseline * np.exp(log_ratios) - 1.0)
     draws = draws[np.isfinite(draws)]
     if draws.size < 2:
         return "no change can be computed (the draws are not finite)"
@@ -182,6 +179,29 @@ def change(
     return Change(
         metric, point, low, high, float(p), (high - low) / 2, clusters, between_share, borrowed, units
     )
+
+
+def _with_run_spread(
+    log_ratios: np.ndarray, spread: RunSpread, baseline_units: int, rng: np.random.Generator
+) -> np.ndarray:
+    """The change's log-ratio draws with one current run's run-to-run part added: a new run is
+    one more draw of the machine's run-to-run state, ``s x z`` (the prediction of a new run from
+    U runs: Hahn & Meeker, Statistical Intervals, 1991, sec. 4.6; the resampled baseline side
+    carries the mean's own 1 / U part), then the whole draw widened as Student's t on the
+    Satterthwaite degrees of freedom of its variance (Satterthwaite, Biometrics Bulletin 2, 1946;
+    the df of linear mixed models' tests, as lmerTest computes them): ``s`` is known on
+    ``spread.df`` degrees of freedom, the within-run parts on the requests' (many), so
+    ``nu = V^2 / ((s^2 (1 + 1/U))^2 / df)``, at least ``df``. A spread small beside the
+    requests' noise leaves the interval nearly normal; one that dominates gives ``t(df)``, as the
+    prediction interval of U runs alone would (measured on the instrument:
+    tests/benchmarks/verdict_error_rates.py --histories)."""
+    finite = log_ratios[np.isfinite(log_ratios)]
+    drawn = log_ratios + spread.sd_log * rng.standard_normal(log_ratios.size)
+    between_var = spread.sd_log**2 * (1 + 1 / max(baseline_units, 1))
+    total_var = float(np.var(finite)) + spread.sd_log**2
+    df = max(spread.df, 1)
+    nu = max(float(df), total_var**2 / (between_var**2 / df))
+    return drawn * np.sqrt(nu / rng.chisquare(nu, log_ratios.size))
 
 
 def _run_deviations(units: Sequence[Unit], est: Estimator) -> np.ndarray:

@@ -61,7 +61,7 @@ LABELS = {
     "main_end": "interpreter exit",
 }
 CHILD_MARKS = ("client_process_started", "client_process_ready")
-#: The tracking writer process's marks (tasks.tracking_writer_process): when it did what.
+#: The tracking writer process's marks (tasks.tracking.writer_process): when it did what.
 WRITER_MARKS = {
     "writer_started": "started",
     "writer_mlflow_imported": "MLflow imported",

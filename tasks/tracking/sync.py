@@ -1,4 +1,4 @@
-"""Sending a journal (``tasks.tracking_journal``) to a tracking store again: ``infermeter sync``.
+"""Sending a journal (``tasks.tracking.journal``) to a tracking store again: ``infermeter sync``.
 
 Each entry goes through a :class:`tasks.tracking.Tracker` of its experiment (no journal: a
 failure raises, and the entry is tried again next time); ``offline-<key>`` run ids are mapped to
@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from tasks.tracking import PARENT_TAG, Tracker
-from tasks.tracking_journal import OFFLINE_PREFIX
+from tasks.tracking.journal import OFFLINE_PREFIX
 
 
 def replay(tracker: Tracker, entry: dict, ids: Mapping[str, str]) -> str | None:
@@ -49,7 +49,7 @@ def replay(tracker: Tracker, entry: dict, ids: Mapping[str, str]) -> str | None:
 
 
 def journal_replayer(tracking_uri: str):
-    """``replay(entry, ids)`` for :func:`tasks.tracking_journal.sync`: each entry through a
+    """``replay(entry, ids)`` for :func:`tasks.tracking.journal.sync`: each entry through a
     tracker (no journal: failures raise) of its own experiment at ``tracking_uri``."""
     trackers: dict[str, Tracker] = {}
 

@@ -1,10 +1,10 @@
-"""The tracking writer process (``python -m tasks.tracking_writer_process FD_IN FD_OUT
-[PRELOAD...]``, started by :func:`tasks.tracking_writer.start`, which says why it exists).
+"""The tracking writer process (``python -m tasks.tracking.writer_process FD_IN FD_OUT
+[PRELOAD...]``, started by :func:`tasks.tracking.writer.start`, which says why it exists).
 
 It imports MLflow at once (``tasks.tracking.preload``), then makes the command's calls in the
 order they come, each on the real :class:`tasks.tracking.Tracker` it opened for the command's
 tracker, with the stand-in run ids the command was given replaced by the runs' own; a job
-(``tasks.tracking_writer.run_job``: a level's plots and timeline) runs here on that tracker.
+(``tasks.tracking.writer.run_job``: a level's plots and timeline) runs here on that tracker.
 While no call is waiting it imports the modules named on its command line (matplotlib, the
 jobs' modules), so that the first job finds them loaded. A call that raises does not stop it:
 the first error goes back with the next answer. It lowers its CPU priority by :data:`NICE`
@@ -34,7 +34,7 @@ from typing import Any
 from tasks import tracking
 from tasks.phases import mark
 from tasks.tracking import MAX_METRICS_PER_BATCH, Tracker
-from tasks.tracking_values import chunks, default_tracking_uri, finite_metrics
+from tasks.tracking.values import chunks, default_tracking_uri, finite_metrics
 
 #: How much lower the writer's priority goes once the command measures (``nice``).
 NICE = 10
@@ -183,8 +183,8 @@ def _serve(requests: Connection, replies: Connection, preload: list[str]) -> Non
 
 
 def main(argv: list[str]) -> None:
-    """``python -m tasks.tracking_writer_process FD_IN FD_OUT [PRELOAD...]`` (what
-    ``tasks.tracking_writer.start`` runs): FD_IN the calls' pipe, FD_OUT the answers'."""
+    """``python -m tasks.tracking.writer_process FD_IN FD_OUT [PRELOAD...]`` (what
+    ``tasks.tracking.writer.start`` runs): FD_IN the calls' pipe, FD_OUT the answers'."""
     import traceback
 
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
@@ -201,6 +201,6 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":  # run as the imported module, so that jobs named by it find it
-    from tasks.tracking_writer_process import main as module_main
+    from tasks.tracking.writer_process import main as module_main
 
     module_main(sys.argv[1:])

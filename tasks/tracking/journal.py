@@ -192,7 +192,7 @@ def sync(
     workdir: str | Path, uri: str, replay: Callable[[dict, Mapping[str, str]], str | None]
 ) -> SyncResult:
     """Send the run's unsynced journal entries, oldest first, through ``replay(entry, ids)``
-    (:func:`tasks.tracking_sync.journal_replayer`), marking each as it lands: a sync cut off half
+    (:func:`tasks.tracking.sync.journal_replayer`), marking each as it lands: a sync cut off half
     way resumes after the last entry it sent.
 
     Raises:

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tasks.tracking import MAX_METRICS_PER_BATCH, Tracker
-from tasks.tracking_values import chunks
+from tasks.tracking.values import chunks
 
 
 def step_entries(

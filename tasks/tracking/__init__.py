@@ -13,7 +13,7 @@ artifacts under ``<repo>/mlruns/artifacts`` (this MLflow refuses the plain file 
 A tracker given a ``journal`` folder (a flow run's work folder) survives a tracking server that
 goes away: the first call that finds it gone (after :data:`HTTP_RETRIES` retries, not MLflow's
 default 7 over ~4 minutes) and every write after it go to the journal
-(:mod:`tasks.tracking_journal`); ``infermeter sync`` sends them once the server is back.
+(:mod:`tasks.tracking.journal`); ``infermeter sync`` sends them once the server is back.
 """
 
 from __future__ import annotations
@@ -29,15 +29,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tasks.run_owner import (  # noqa: F401  (the tags: imported from here too)
+from tasks.tracking.journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
+from tasks.tracking.run_owner import (  # noqa: F401  (the tags: imported from here too)
     OWNER_HOST_TAG,
     OWNER_TAG,
     RECORDS_TAG,
     close_abandoned_runs,
     process_identity,
 )
-from tasks.tracking_journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
-from tasks.tracking_values import (  # noqa: F401  (canonical_param, flatten_params: imported from here)
+from tasks.tracking.values import (  # noqa: F401  (canonical_param, flatten_params: imported from here)
     EXPERIMENT_KIND,
     EXPERIMENT_KIND_TAG,
     MAX_PARAM_CHARS,
@@ -59,7 +59,7 @@ PARENT_TAG = "mlflow.parentRunId"
 #: MLflow HTTP retries (backoff 1, 2, 4 s) before a journaled tracker gives the server up
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
-OPENER: Callable[[TrackingTarget], Any] | None = None  # opens them in tasks.tracking_writer's process
+OPENER: Callable[[TrackingTarget], Any] | None = None  # opens them in tasks.tracking.writer's process
 
 
 def server_gone(exc: BaseException) -> bool:
@@ -136,7 +136,7 @@ class Tracker:
                 self._write("experiment", {}, self._open_experiment)
 
     def _open_experiment(self) -> None:
-        """Find or create the experiment (``tasks.tracking_values.open_experiment``)."""
+        """Find or create the experiment (``tasks.tracking.values.open_experiment``)."""
         self._experiment_id = open_experiment(
             self._client, self.experiment, artifact_root_for(self.tracking_uri)
         )
@@ -196,7 +196,7 @@ class Tracker:
 
     def close_abandoned(self) -> list[dict]:
         """End KILLED the RUNNING runs of this store whose owner on this host is certainly gone
-        (``tasks.run_owner.close_abandoned_runs``: a command killed by SIGKILL could not end
+        (``tasks.tracking.run_owner.close_abandoned_runs``: a command killed by SIGKILL could not end
         them); nothing when tracking is off, offline, or the server does not answer."""
         if not self.enabled or self.offline:
             return []
@@ -416,5 +416,5 @@ class Tracker:
 
     @property
     def client(self) -> Any:
-        """The MLflow client (artifacts, tables, ends replayed by ``tasks.tracking_sync``)."""
+        """The MLflow client (artifacts, tables, ends replayed by ``tasks.tracking.sync``)."""
         return self._client

@@ -10,12 +10,12 @@ so a thread gains only where the command waits (measured on a busy machine: 10.0
 
 How: the command starts the writer (:func:`start`) as soon as it knows it will track, before
 its pre-flight and Prefect's start; it imports MLflow, then matplotlib, on the other core while
-the command does its own work (``tasks.tracking_writer_process`` is its code).
+the command does its own work (``tasks.tracking.writer_process`` is its code).
 From then on every enabled ``TrackingTarget.open()`` of the command returns a
 :class:`RemoteTracker`: its calls go down a pipe, in the order they are made, to a real
 ``Tracker`` in the writer, which makes the same MLflow calls with the same values as the command
 would have (the timestamps the command would have stamped are the command's; the runs' owner
-is the command's process: ``tasks.run_owner``). Nothing waits but what returns a value (the
+is the command's process: ``tasks.tracking.run_owner``). Nothing waits but what returns a value (the
 runs a SIGKILLed command left RUNNING, a run's real id: :func:`real_run_id`, links): a run's
 id is a stand-in until then. :func:`run_job` sends a job that draws and logs (a level's plots
 and timeline) as one call. :func:`measuring` lowers its CPU priority while the command
@@ -51,13 +51,13 @@ from typing import Any
 
 from tasks import tracking
 from tasks.tracking import Tracker, TrackingTarget
-from tasks.tracking_values import default_tracking_uri, ui_command
-from tasks.tracking_writer_process import metric_entries
+from tasks.tracking.values import default_tracking_uri, ui_command
+from tasks.tracking.writer_process import metric_entries
 
 __all__ = ["RemoteTracker", "close", "flush", "measuring", "real_run_id", "run_job", "start"]
 
 #: The module the writer process runs (``python -m``).
-PROCESS = "tasks.tracking_writer_process"
+PROCESS = "tasks.tracking.writer_process"
 #: How the run ids :meth:`RemoteTracker.start_run` hands out begin (``stand-in-<32 hex>``).
 STAND_IN = "stand-in-"
 
@@ -242,7 +242,7 @@ class RemoteTracker:
     needs them runs through :func:`run_job`."""
 
     def __init__(self, target: TrackingTarget) -> None:
-        from tasks.run_owner import process_identity
+        from tasks.tracking.run_owner import process_identity
 
         assert _WRITER is not None
         self._writer = _WRITER

@@ -27,7 +27,6 @@ import polars as pl
 from tasks.report.plots import level_rate_label
 from tasks.report.timeline_plot import timeline_plot
 from tasks.stats import percentile
-from tasks.stream.levels import Level
 from tasks.stream.timeline import level_timeline, sample_rows, wall_offset_ms
 from tasks.tracking import Tracker
 from tasks.tracking.series import log_step_rows

@@ -62,3 +62,16 @@ def test_disabled_tracker_does_nothing():
     assert off.start_run("x") is None
     off.log_metrics(None, {"a": 1})
     off.end_run(None)
+
+
+def test_a_runs_own_url_opens_the_classic_view_like_the_runs_table():
+    """Issue 31: a run's page printed without ``workflowType`` opened MLflow 3's GenAI view."""
+    from tasks.tracking.values import run_page_url, runs_table_url
+
+    server = "http://mlflow.example:5000/"
+    assert run_page_url(server, "7", "abc123") == (
+        "http://mlflow.example:5000/#/experiments/7/runs/abc123?workflowType=machine_learning"
+    )
+    assert runs_table_url(server, "7").endswith("?workflowType=machine_learning")
+    assert run_page_url("sqlite:///mlruns/mlflow.db", "7", "abc123") is None  # no server to link to
+    assert run_page_url(server, None, "abc123") is None and run_page_url(server, "7", None) is None

@@ -49,6 +49,7 @@ from tasks.tracking.values import (  # noqa: F401  (canonical_param, flatten_par
     flatten_params,
     open_experiment,
     run_dict,
+    run_page_url,
     runs_table_url,
     ui_command,
 )
@@ -377,10 +378,9 @@ class Tracker:
         return [run_dict(r) for r in runs if r.info.run_id != exclude][:max_results]
 
     def run_url(self, run_id: str | None) -> str | None:
-        """The run's page when the tracking URI is a server; None for a local store."""
-        if not (self.enabled and run_id and self._experiment_id and self.tracking_uri.startswith("http")):
-            return None  # not a server, or not known to it yet (journaled: offline-...)
-        return f"{self.tracking_uri.rstrip('/')}/#/experiments/{self._experiment_id}/runs/{run_id}"
+        """The run's page in the UI's classic view on a server (``values.run_page_url``); None
+        for a local store, tracking off, or a run not known to the server yet (offline)."""
+        return run_page_url(self.tracking_uri, self._experiment_id, run_id) if self.enabled else None
 
     def ui_command(self) -> str:
         """The command that opens the MLflow UI on this store (``tracking_values.ui_command``)."""

@@ -137,6 +137,16 @@ def runs_table_url(uri: str, experiment_id: str | None) -> str | None:
     return f"{base}/#/experiments/{experiment_id}/runs?workflowType={UI_WORKFLOW}"
 
 
+def run_page_url(uri: str, experiment_id: str | None, run_id: str | None) -> str | None:
+    """A run's own page in the MLflow UI's classic (Model training) view on the tracking server
+    at ``uri`` (``http://host:5000/#/experiments/<id>/runs/<run id>?workflowType=machine_learning``;
+    without ``workflowType`` MLflow 3's UI opens it in its GenAI view); None for a local store
+    (no server to link to) or without an experiment or run id."""
+    if not (experiment_id and run_id and uri.startswith("http")):
+        return None
+    return f"{uri.rstrip('/')}/#/experiments/{experiment_id}/runs/{run_id}?workflowType={UI_WORKFLOW}"
+
+
 def open_experiment(client: Any, name: str, artifact_location: str | None) -> str:
     """The id of experiment ``name`` of ``client``'s store (an ``MlflowClient``), created
     (tagged with :data:`EXPERIMENT_KIND`) when missing, tagged when made before without it.

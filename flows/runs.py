@@ -28,6 +28,7 @@ from tasks.config import TrackingConfig
 from tasks.environment import TORCH_FLOWS, environment_tags
 from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
+from tasks.tracking.run_owner import start_runs_lifeline
 from tasks.tracking.writer import flush, real_run_id
 
 __all__ = ["ParentRun", "final_state", "latest_workdir", "new_workdir", "parent_run"]
@@ -163,6 +164,10 @@ def parent_run(
     tracker.log_dict(run_id, dict(params), "config.yaml")
     logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
     run = ParentRun(target, tracker, run_id, workdir, all_tags)
+    # killed outright (SIGKILL), this process cannot end its runs: a watcher does, at once (a
+    # tracking writer's process does it for its command: tasks.tracking.writer_process)
+    owned = isinstance(tracker, Tracker) and tracker.enabled and run_id and not tracker.offline
+    release = start_runs_lifeline(tracker.owner, tracker.tracking_uri, tracker.experiment) if owned else None
     try:
         yield run
         flush(tracker)  # a tracking writer's (tasks.tracking.writer): a write that failed fails the run
@@ -173,8 +178,12 @@ def parent_run(
         else:  # Ctrl-C: mark it and get out; the records written so far stay in workdir
             tracker.set_tags(run_id, {"error": error[:500]})
             tracker.end_run(run_id, "KILLED")
+        if release:
+            release()  # ended: the watcher goes without a word
         raise
     _close(run, run.summary, run.error, artifact_key)
+    if release:
+        release()
 
 
 def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | None) -> None:

@@ -8,6 +8,16 @@ the command's end is closed: on its clean exit (after it stopped the server itse
 SIGINT/SIGTERM, and on SIGKILL (the kernel closes a dead process's files). On EOF the watcher
 sends SIGTERM to the server's process group, waits up to :data:`GRACE_S`, then SIGKILL.
 
+``python -m tasks.lifeline --runs FD OWNER TRACKING_URI EXPERIMENT`` (what
+:func:`tasks.tracking.run_owner.start_runs_lifeline` runs, for a command that tracks in its own
+process): the same pipe, for the command's MLflow runs. The command writes ``done`` once its
+parent run is ended; an EOF without it means the command died with its runs open (SIGKILL, the
+OOM killer): once the command (``OWNER``, ``tasks.tracking.run_owner.process_identity``) is
+certainly gone, the watcher ends KILLED every RUNNING run of the store whose owner is gone
+(``tasks.tracking.Tracker.close_abandoned``: an ``error`` tag names the process and the records
+folder) and exits. It imports MLflow only then: a command that ended its runs costs it nothing
+but this process's start. A command still alive :data:`OWNER_WAIT_S` after the EOF keeps its runs.
+
 Why a pipe and not ``PR_SET_PDEATHSIG``: the death signal fires when the *thread* that forked
 the child exits, and Prefect may run the task that starts a server in a worker thread; a
 pipe's end belongs to the process. Standard library only.
@@ -22,6 +32,10 @@ import time
 
 #: Seconds between the watcher's SIGTERM to the server's group and its SIGKILL.
 GRACE_S = 5.0
+#: Seconds a runs watcher waits, after the EOF, for the command to be gone (its files close first).
+OWNER_WAIT_S = 5.0
+#: What the command writes once its runs are ended (``--runs``).
+DONE = b"done"
 
 
 def _watch(fd: int, pgid: int) -> None:
@@ -61,7 +75,43 @@ def _others_alive(pgid: int) -> bool:
     return False
 
 
+def _watch_runs(fd: int, owner: str, tracking_uri: str, experiment: str) -> None:
+    """The runs watcher (``--runs``): read ``fd`` to EOF; without :data:`DONE` before it, end
+    the gone command's runs KILLED."""
+    said = b""
+    try:
+        while chunk := os.read(fd, 4096):
+            said += chunk
+    except OSError:
+        pass
+    if said.endswith(DONE):
+        return
+    from tasks.tracking.run_owner import owner_gone
+
+    deadline = time.monotonic() + OWNER_WAIT_S
+    while not owner_gone(owner):
+        if time.monotonic() > deadline:
+            return  # alive: its runs are its own to end
+        time.sleep(0.02)
+    from tasks.tracking import Tracker
+
+    try:
+        for gone in Tracker(experiment, tracking_uri).close_abandoned():
+            print(
+                f"infermeter: MLflow run {gone['run_id']} ({gone['name']}) left RUNNING by a killed "
+                f"command: marked KILLED; its records are in {gone['records_folder']}",
+                file=sys.stderr,
+            )
+    except Exception as exc:  # noqa: BLE001  (the store is gone too: the next command closes them)
+        print(f"infermeter: could not end a killed command's MLflow runs: {exc}", file=sys.stderr)
+
+
 def main(argv: list[str]) -> None:
+    if argv[0] == "--runs":
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the terminal's Ctrl-C is the command's
+        _watch_runs(int(argv[1]), *argv[2:5])
+        sys.stderr.flush()
+        os._exit(0)
     fd, command = int(argv[0]), argv[1:]
     pgid = os.getpgid(0)
     if os.fork() == 0:

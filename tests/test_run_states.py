@@ -258,10 +258,24 @@ def test_sigterm_mid_sweep_marks_the_runs_killed_and_keeps_finished_points(serve
     assert (stage.info.status, parent.info.status) == ("KILLED", "KILLED")
 
 
-def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
+def _ended_within(uri: str, pid: int, timeout_s: float) -> list:
+    """The runs of ``pid`` once none is RUNNING (polled; no command reads the store meanwhile)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        runs = [run for run in _store_runs(uri) if _owner_pid(run) == pid]
+        if runs and "RUNNING" not in {run.info.status for run in runs} or time.monotonic() > deadline:
+            return runs
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
+def test_sigterm_mid_audit_marks_the_runs_killed(signum, server, tmp_path) -> None:
     """SIGTERM during an audit's stream stage (tokenize and profile off, the ground-truth server
     as the endpoint): exit 143, no run left RUNNING, the parent and the stream stage KILLED with
-    the journal kept, and the sweep stage never started."""
+    the journal kept, and the sweep stage never started. SIGKILL (issue 31): the command cannot
+    end its runs; its runs lifeline (tasks.lifeline --runs) ends them KILLED within seconds,
+    naming the process and the records folder, with no other command run (before: RUNNING
+    until the next tracked command)."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -279,8 +293,21 @@ def test_sigterm_mid_audit_marks_the_runs_killed(server, tmp_path) -> None:
 
     _wait_for(proc, log, lambda: journal_lines() >= 3)
     family = _servers(proc)
-    os.kill(proc.pid, signal.SIGTERM)
+    os.kill(proc.pid, signum)
     _assert_all_gone(family, proc)
+    if signum == signal.SIGKILL:
+        ended = _ended_within(uri, proc.pid, 20)
+        assert {run.info.status for run in ended} == {"KILLED"} and len(ended) == 2, ended
+        workdir = next((tmp_path / "w").glob("*-audit-*"))
+        for run in ended:
+            assert run.data.tags["error"] == (
+                f"killed: process {proc.pid} on {socket.gethostname()} ended without ending this "
+                f"run; its records are in {workdir}"
+            )
+        assert f"left RUNNING by a killed command: marked KILLED; its records are in {workdir}" in (
+            log.read_text()
+        )
+        return
     assert proc.returncode == 143, log.read_text()[-3000:]
     assert "Interrupted" in log.read_text()
     client = MlflowClient(uri)
@@ -422,12 +449,69 @@ def test_close_abandoned_closes_only_runs_whose_owner_is_gone(tmp_path) -> None:
         alive.wait()
 
 
-def test_the_next_command_closes_the_runs_of_a_sigkilled_one(server, tmp_path) -> None:
-    """Two streams tracked in one store at once; one is killed by SIGKILL mid-level and its
-    runs stay RUNNING (it cannot end them). The next command against the store (a short
-    stream) marks them KILLED, with an error tag naming the process and its records folder,
-    and leaves the live command's runs RUNNING (item 10; before: RUNNING for ever). SIGTERM
-    then ends the live one: exit 143, its runs KILLED by itself."""
+_OWNER = """
+import os, signal, sys
+from tasks.tracking import Tracker
+from tasks.tracking.run_owner import start_runs_lifeline
+
+tracker = Tracker("lifeline", sys.argv[1], journal=sys.argv[2])
+parent = tracker.start_run("parent")
+tracker.start_run("stage", parent_run_id=parent)
+if sys.argv[3] == "release":  # an MLflow that says so when imported: the watcher must not
+    os.environ["PYTHONPATH"] = sys.argv[4]
+release = start_runs_lifeline(tracker.owner, tracker.tracking_uri, tracker.experiment)
+print(max(child.pid for child in __import__("psutil").Process().children()), flush=True)
+if sys.argv[3] == "kill":
+    os.kill(os.getpid(), signal.SIGKILL)
+for run_id in tracker.find_runs("", parents_only=False):
+    tracker.end_run(run_id["run_id"])
+release()
+"""
+
+
+@pytest.mark.parametrize("how", ["kill", "release"])
+def test_the_runs_lifeline_ends_a_sigkilled_owners_runs_and_else_goes_quietly(how, tmp_path) -> None:
+    """``tasks.lifeline --runs`` (issue 31): its owner killed with two runs open, it ends them
+    KILLED within seconds, naming the process and the records folder; released by an owner that
+    ended its runs, it exits at once, without importing MLflow (it stays light)."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    (tmp_path / "fake" / "mlflow").mkdir(parents=True)
+    imported = tmp_path / "mlflow-imported"
+    (tmp_path / "fake" / "mlflow" / "__init__.py").write_text(
+        f"open({str(imported)!r}, 'w').close()\nraise ImportError('the watcher imported MLflow')\n"
+    )
+    args = [uri, str(tmp_path / "records"), how, str(tmp_path / "fake")]
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, *args], stdout=subprocess.PIPE, text=True)
+    watcher = psutil.Process(int(owner.stdout.readline()))
+    assert "--runs" in watcher.cmdline()
+    owner.wait(timeout=120)
+    watcher.wait(timeout=60)  # gone: at once when released, once its work is done when not
+    started = time.monotonic()
+    runs = _ended_within(uri, owner.pid, 20)
+    assert {run.info.status for run in runs} == ({"KILLED"} if how == "kill" else {"FINISHED"})
+    assert len(runs) == 2 and time.monotonic() - started < 20
+    if how == "kill":
+        assert {run.data.tags["error"] for run in runs} == {
+            f"killed: process {owner.pid} on {socket.gethostname()} ended without ending this run; "
+            f"its records are in {tmp_path / 'records'}"
+        }
+    else:
+        assert not any("error" in run.data.tags for run in runs)
+        assert not imported.exists()  # released: it never imported MLflow
+
+
+def test_a_sigkilled_commands_runs_end_killed_at_once_and_a_read_only_command_closes_a_ghost(
+    server, tmp_path
+) -> None:
+    """Two streams tracked in one store at once; one is killed by SIGKILL mid-level. It cannot
+    end its runs; its tracking writer process can: within seconds, with no other command run,
+    they are KILLED with an error tag naming the process and its records folder, while the live
+    command's runs stay RUNNING (issue 31; before: RUNNING until the next tracked command, and
+    item 10's before that: for ever). A ghost no process ended (a run left RUNNING by the dead
+    process) is closed by a read-only command, ``compare``, which names it; the live command's
+    runs are left alone. SIGTERM then ends the live one: exit 143, its runs KILLED by itself."""
+    from tasks.tracking import OWNER_TAG, Tracker
+
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {"MLFLOW_TRACKING_URI": uri}
     args = ["stream", "--base-url", server.base_url, "--model", "ticks:50:20", "--num-requests", "400"]
@@ -442,26 +526,40 @@ def test_the_next_command_closes_the_runs_of_a_sigkilled_one(server, tmp_path) -
         _wait_for(live, live_log, lambda: _journal_lines(tmp_path / "live") >= 3)
         family = _servers(killed)
         os.kill(killed.pid, signal.SIGKILL)
+        killed_at = time.monotonic()
         _assert_all_gone(family, killed)
-        left = [run for run in _store_runs(uri) if _owner_pid(run) == killed.pid]
-        assert sorted(run.data.tags.get("stage", "parent") for run in left) == ["parent", "stream"]
-        assert {run.info.status for run in left} == {"RUNNING"}
-
-        short = ["stream", "--base-url", server.base_url, "--model", "ticks:3:5", "--num-requests", "2"]
-        after, after_log = _start([*short, "--warmup", "0"], tmp_path / "next", env)
-        assert after.wait(timeout=600) == 0, after_log.read_text()[-3000:]
-        runs = _store_runs(uri)
+        gone = _ended_within(uri, killed.pid, 20)
+        assert time.monotonic() - killed_at < 20
+        assert sorted(run.data.tags.get("stage", "parent") for run in gone) == ["parent", "stream"]
+        assert {run.info.status for run in gone} == {"KILLED"}, [
+            (r.info.run_name, r.info.status) for r in gone
+        ]
         workdir = next((tmp_path / "killed" / "w").glob("*-stream-*"))
-        gone = [run for run in runs if _owner_pid(run) == killed.pid]
-        assert {run.info.status for run in gone} == {"KILLED"} and len(gone) == 2
         for run in gone:
             assert run.data.tags["error"] == (
                 f"killed: process {killed.pid} on {socket.gethostname()} ended without ending this "
                 f"run; its records are in {workdir}"
             )
+        assert str(workdir) in killed_log.read_text()  # the writer said what it ended
+        assert {run.info.status for run in _store_runs(uri) if _owner_pid(run) == live.pid} == {"RUNNING"}
+
+        # a ghost: a run the dead process left RUNNING that nothing ended
+        owner = gone[0].data.tags[OWNER_TAG]
+        ghost = Tracker("infermeter", uri, journal=str(workdir)).start_run("ghost", tags={OWNER_TAG: owner})
+        read = subprocess.run(
+            [str(BIN), "compare", ghost],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            env={**os.environ, **env},
+        )
+        assert read.returncode == 0, read.stderr[-3000:]
+        assert f"MLflow run {ghost} (ghost) was left RUNNING by a process that is gone: marked KILLED" in (
+            " ".join(read.stderr.split())
+        )
+        runs = _store_runs(uri)
+        assert next(run for run in runs if run.info.run_id == ghost).info.status == "KILLED"
         assert {run.info.status for run in runs if _owner_pid(run) == live.pid} == {"RUNNING"}
-        assert {run.info.status for run in runs if _owner_pid(run) == after.pid} == {"FINISHED"}
-        assert str(workdir) in after_log.read_text().replace("\n", "")  # its log says what it closed
 
         family = _servers(live)
         os.kill(live.pid, signal.SIGTERM)

@@ -5,6 +5,7 @@ terminal, land; the runs are owned by the command, not by the writer."""
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -170,8 +171,9 @@ _COMMAND = textwrap.dedent(
     print(run, tracking_writer._WRITER.process.pid, flush=True)
     tracker.log_params(run, {f"p{i}": str(i) for i in range(300)})
     tracker.log_text(run, "x" * 200_000, "big.txt")
-    if sys.argv[2] == "kill":
-        tracker.end_run(run)
+    if sys.argv[2].startswith("kill"):
+        if sys.argv[2] == "kill":
+            tracker.end_run(run)
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         time.sleep(120)
@@ -181,11 +183,13 @@ _COMMAND = textwrap.dedent(
 )
 
 
-@pytest.mark.parametrize("how", ["kill", "ctrl-c"])
+@pytest.mark.parametrize("how", ["kill", "kill-open", "ctrl-c"])
 def test_what_the_command_sent_lands_after_a_sigkill_or_a_ctrl_c(how, tmp_path) -> None:
-    """SIGKILL of the command right after its calls: the writer still makes them. A Ctrl-C at
-    the terminal (SIGINT to the whole process group): the writer ignores it, and the KILLED end
-    the command sends then lands before the command exits."""
+    """SIGKILL of the command right after its calls: the writer still makes them; a run the
+    command had not ended (``kill-open``) the writer then ends KILLED, naming the process
+    (issue 31; before: RUNNING until the next command). A Ctrl-C at the terminal (SIGINT to
+    the whole process group): the writer ignores it, and the KILLED end the command sends then
+    lands before the command exits."""
     from mlflow.tracking import MlflowClient
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -209,5 +213,9 @@ def test_what_the_command_sent_lands_after_a_sigkill_or_a_ctrl_c(how, tmp_path) 
             os.killpg(proc.pid, signal.SIGKILL)
     run = MlflowClient(uri).get_run(run_id)
     assert run.info.status == ("FINISHED" if how == "kill" else "KILLED")
+    if how == "kill-open":
+        assert run.data.tags["error"] == (
+            f"killed: process {proc.pid} on {socket.gethostname()} ended without ending this run"
+        )
     assert len(run.data.params) == 300 and run.data.tags[OWNER_TAG].split("/")[2] == str(proc.pid)
     assert [a.path for a in MlflowClient(uri).list_artifacts(run_id)] == ["big.txt"]

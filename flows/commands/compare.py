@@ -14,7 +14,7 @@ import typer
 from rich.table import Table
 
 from flows.commands.common import fail_input, output_path, parse_list, preflight, write_json
-from flows.commands.tables import console, fmt_value, interval_text, make_table, wrap_words
+from flows.commands.tables import console, fmt_value, interval_text, make_table, print_closed_runs, wrap_words
 from tasks.report.compare import EXTRA_COLUMNS, comparison_frame, markdown_table, plot_metric, unlike_runs
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
@@ -56,6 +56,7 @@ def command(
         fail_input("--max-runs: must be >= 1")
     preflight(track=True, prefect=False)  # a dead tracking server: one line in seconds, not minutes
     tracker = Tracker(experiment)
+    print_closed_runs(tracker.close_abandoned())  # ghosts of SIGKILLed commands: KILLED, not RUNNING
     try:
         if run_ids:
             runs = tracker.runs_by_id(run_ids)

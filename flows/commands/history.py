@@ -16,7 +16,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from flows.commands.common import JsonOption, fail_input, output_path, parse_list, preflight, write_json
-from flows.commands.tables import console, fmt_value, make_table
+from flows.commands.tables import console, fmt_value, make_table, print_closed_runs
 
 
 def command(
@@ -57,6 +57,7 @@ def command(
         fail_input("--max-runs: must be >= 2 (a history needs two audits)")
     preflight(track=True, prefect=False)
     tracker = Tracker(experiment)
+    print_closed_runs(tracker.close_abandoned())  # ghosts of SIGKILLed commands: KILLED, not RUNNING
     try:
         if run:
             [anchor] = tracker.runs_by_id([run])

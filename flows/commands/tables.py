@@ -220,3 +220,17 @@ def print_run_links(result: Mapping[str, Any]) -> None:
             console.print(f"Open the UI: {result['ui_command']}", highlight=False)
         if result.get("runs_url"):
             console.print(f"Runs table: {result['runs_url']}", highlight=False)
+
+
+def print_closed_runs(closed: Iterable[Mapping[str, Any]]) -> None:
+    """One line on stderr per run a read-only command (compare, history) found RUNNING with
+    its owner certainly gone and marked KILLED (``tasks.tracking.Tracker.close_abandoned``):
+    ghosts are closed by whatever command reads the store next, not left to the next tracked
+    one."""
+    for gone in closed:
+        err_console.print(
+            f"MLflow run {gone['run_id']} ({gone['name']}) was left RUNNING by a process that is "
+            f"gone: marked KILLED; its records are in {gone['records_folder'] or '(no records folder)'}",
+            highlight=False,
+            markup=False,
+        )

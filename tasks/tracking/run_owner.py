@@ -22,6 +22,9 @@ judgement falls back on whether the pid exists. Standard library only.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
+from collections.abc import Callable
 from typing import Any
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "close_abandoned_runs",
     "owner_gone",
     "process_identity",
+    "start_runs_lifeline",
 ]
 
 #: Tags every run is created with (``tasks.tracking``): the host and the identity of the process
@@ -131,3 +135,50 @@ def close_abandoned_runs(client: Any, host: str) -> list[dict]:
         if not page:
             break
     return closed
+
+
+def start_runs_lifeline(owner: str, tracking_uri: str, experiment: str) -> Callable[[], None]:
+    """Start the watcher that ends this command's runs KILLED should it die with them open
+    (``python -m tasks.lifeline --runs``: it reads a pipe whose write end only this process
+    holds; the kernel closes it on SIGKILL too). ``owner``: the runs' owner (this process's
+    :func:`process_identity`). Returns ``release``: call it once the runs are ended (it says
+    ``done`` and closes the pipe; the watcher then exits without importing MLflow). The watcher
+    runs in a session of its own, so a signal to the command's process group leaves it to do
+    its work; it lives no longer than the command, plus the few seconds that work takes."""
+    watch, hold = os.pipe()  # both close-on-exec: only the watcher is given `watch`
+    try:
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-P",
+                "-m",
+                "tasks.lifeline",
+                "--runs",
+                str(watch),
+                owner,
+                tracking_uri,
+                experiment,
+            ],
+            pass_fds=(watch,),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,  # (stderr: the command's, for the runs it ends)
+            start_new_session=True,
+        )
+    except BaseException:
+        os.close(hold)
+        raise
+    finally:
+        os.close(watch)
+
+    held = [hold]
+
+    def release() -> None:
+        while held:  # once: the fd number may be another file's afterwards
+            fd = held.pop()
+            try:
+                os.write(fd, b"done")
+            except OSError:
+                pass  # the watcher is gone already
+            os.close(fd)
+
+    return release

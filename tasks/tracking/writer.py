@@ -28,7 +28,8 @@ fails the run, as it did); the command's exit waits until every call it made is 
 ignores SIGINT, SIGTERM and SIGHUP (a terminal's Ctrl-C reaches the whole process group; the
 command then sends the KILLED ends, which must land) and ends when the command's end of the
 pipe closes, after the calls it holds: on a clean exit, a signal, or SIGKILL (the kernel closes
-a dead process's files; the runs it left RUNNING are closed by the next command, as before).
+a dead process's files; the runs it left open the writer then ends KILLED at once:
+``tasks.tracking.writer_process``).
 """
 
 from __future__ import annotations

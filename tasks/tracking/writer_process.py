@@ -10,7 +10,8 @@ jobs' modules), so that the first job finds them loaded. A call that raises does
 the first error goes back with the next answer. It lowers its CPU priority by :data:`NICE`
 once the command says it measures (the client processes, and a server on this machine, come
 first); it ignores SIGINT, SIGTERM and SIGHUP, and ends when the command's end of the pipe
-closes, after the calls it holds.
+closes, after the calls it holds: a command killed by SIGKILL leaves its runs open, and the
+writer then ends them KILLED at once (:meth:`_Writer.end_orphaned_runs`).
 
 A plotter process beside it (the jobs drawn on the other core) was tried: on a quiet 2-core
 machine it was no faster (7.8 s against 7.5 s, medians of 13 interleaved runs; the plotter's
@@ -34,10 +35,13 @@ from typing import Any
 from tasks import tracking
 from tasks.phases import mark
 from tasks.tracking import MAX_METRICS_PER_BATCH, Tracker
+from tasks.tracking.run_owner import owner_gone
 from tasks.tracking.values import chunks, default_tracking_uri, finite_metrics
 
 #: How much lower the writer's priority goes once the command measures (``nice``).
 NICE = 10
+#: Seconds the writer waits, at the pipe's end, for a command that left runs open to be gone.
+ORPHAN_WAIT_S = 5.0
 #: This process's niceness at its start: the command's.
 _START_NICE = os.getpriority(os.PRIO_PROCESS, 0)
 
@@ -125,6 +129,7 @@ class _Writer:
         self.trackers: dict[int, Tracker] = {}
         self.ids: dict[str, str | None] = {}  # stand-in run id -> MLflow's
         self.error: BaseException | None = None
+        self.open_runs: set[str | None] = set()  # created, not ended: what a SIGKILL leaves RUNNING
 
     def run(self, message: tuple) -> None:
         """Make one of the command's calls; answer it when the command waits for it."""
@@ -140,10 +145,13 @@ class _Writer:
                 self.trackers[handle] = tracker
             elif kind == "create":  # name: the stand-in id the command uses for the run
                 self.ids[name] = self.trackers[handle].start_run(*args)
+                self.open_runs.add(self.ids[name])
             elif kind == "run_id":
                 value = self.ids[name]
             elif kind == "call":
                 value = getattr(self.trackers[handle], name)(*args, **kwargs)
+                if name == "end_run":
+                    self.open_runs.discard(args[0] if args else kwargs.get("run_id"))
             elif kind == "metrics":
                 log_metric_entries(self.trackers[handle], *args)
             elif kind == "job":
@@ -155,6 +163,27 @@ class _Writer:
         if seq:
             self.replies.send((seq, value, self.error))
             self.error = None
+
+    def end_orphaned_runs(self) -> None:
+        """At the pipe's end, the calls done: when runs the command created are still open and
+        the command is gone (a SIGKILL: it could not end them), end them KILLED now, with an
+        ``error`` tag naming the process and the records folder
+        (``tasks.tracking.Tracker.close_abandoned``), rather than leave them RUNNING until the
+        next command. A command that is still alive after :data:`ORPHAN_WAIT_S` ends its own."""
+        trackers = [t for t in self.trackers.values() if t.enabled]
+        if not (self.open_runs - {None}) or not trackers:
+            return
+        deadline = time.monotonic() + ORPHAN_WAIT_S
+        while not owner_gone(trackers[0].owner):  # the kernel closes its files before it is a zombie
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+        for gone in trackers[0].close_abandoned():
+            print(
+                f"infermeter: MLflow run {gone['run_id']} ({gone['name']}) left RUNNING by a killed "
+                f"command: marked KILLED; its records are in {gone['records_folder']}",
+                file=sys.stderr,
+            )
 
 
 def _serve(requests: Connection, replies: Connection, preload: list[str]) -> None:
@@ -176,6 +205,7 @@ def _serve(requests: Connection, replies: Connection, preload: list[str]) -> Non
                 mark("writer_preloaded")
             continue
         if message is None:
+            writer.end_orphaned_runs()
             return
         writer.run(message)
         if inbox.empty():

@@ -17,7 +17,8 @@ The checks, in order (:func:`check_endpoint`):
    line only: 404 -> ``base_url`` (suggesting ``/v1`` when it is missing) or ``model`` (when
    the server says the model does not exist), 401/403 -> ``api_key_env``, 405/501 (a web server
    that takes no POST there, e.g. a static file server) -> ``base_url``. ``--api completions``
-   probes ``POST {base_url}/completions`` instead.
+   probes ``POST {base_url}/completions`` instead, ``--api responses`` ``POST
+   {base_url}/responses``.
 
 Any other answer (other 5xx, 400, 429, a slow server) is left to the run, which records it per
 request: pre-flight only stops settings that can never work.
@@ -156,8 +157,8 @@ def check_endpoint(
     Args:
         key: the API key to send (None: none); ``key_env`` names where it came from.
         timeout_s: per check; a server slower than that is left to the run.
-        api: ``chat`` probes ``/chat/completions``, ``completions`` ``/completions`` (the
-            endpoint the run will stream from).
+        api: ``chat`` probes ``/chat/completions``, ``completions`` ``/completions``,
+            ``responses`` ``/responses`` (the endpoint the run will stream from).
 
     Raises:
         PreflightError: naming ``base_url``, ``model`` or ``api_key_env``, with the fix.
@@ -176,6 +177,9 @@ def check_endpoint(
     request = {"model": model, "max_tokens": 1, "stream": True}
     if api == "completions":
         path, request["prompt"] = "completions", "ping"
+    elif api == "responses":  # the Responses API: input, max_output_tokens (no max_tokens)
+        path = "responses"
+        request = {"model": model, "input": "ping", "max_output_tokens": 16, "stream": True}
     else:
         path, request["messages"] = "chat/completions", [{"role": "user", "content": "ping"}]
         request["max_completion_tokens"] = 1

@@ -7,7 +7,11 @@ scenario (see :data:`SCENARIOS`); every scenario is a list of steps: ``("sleep",
 comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body)``.
 
 Every scenario is also served on ``POST /v1/completions`` with the same schedule, its chunks in
-the completions shape (``choices[].text``; :data:`COMPLETIONS_SCENARIOS`).
+the completions shape (``choices[].text``; :data:`COMPLETIONS_SCENARIOS`), and those without raw
+chat bytes on ``POST /v1/responses`` as OpenAI's Responses API streams them (``event:`` and
+``data:`` lines; text in ``response.output_text.delta``, usage in ``response.completed``;
+:data:`RESPONSES_SCENARIOS`, with ``responses_*`` scenarios of that API's own endings), the
+``ticks`` and ``load`` scenarios too.
 
 Dynamic scenario ``load:N:BASE_MS:SLOPE_MS[:TTFT_MS]`` (a server that slows down with load, a
 known law): like ``ticks`` but each gap is BASE_MS + SLOPE_MS * (requests in flight - 1), read
@@ -472,6 +476,129 @@ COMPLETIONS_SCENARIOS: dict[str, list[tuple]] = {
 COMPLETIONS_SCENARIOS["split"] = _split_steps(_completion)
 
 
+def _response_event(kind: str, **fields: Any) -> tuple:
+    """One Responses API SSE event: an ``event:`` line and its JSON ``data:`` with ``type``."""
+    data = json.dumps({"type": kind, **fields})
+    return ("raw", f"event: {kind}\ndata: {data}\n\n")
+
+
+def _response(status: str, usage: dict[str, Any] | None = None, **extra: Any) -> dict[str, Any]:
+    """The ``response`` object of a created / completed / incomplete / failed event."""
+    return {"id": "resp_gt", "object": "response", "model": "gt", "status": status, "output": [],
+            "usage": usage, **extra}  # fmt: skip
+
+
+def _responses_usage(usage: dict[str, Any]) -> dict[str, Any]:
+    """A chat usage in the Responses API's names (input / output tokens, their details)."""
+    out = {"input_tokens": usage.get("prompt_tokens"), "output_tokens": usage.get("completion_tokens"),
+           "total_tokens": usage.get("total_tokens")}  # fmt: skip
+    out["input_tokens_details"] = usage.get("prompt_tokens_details") or {"cached_tokens": 0}
+    out["output_tokens_details"] = usage.get("completion_tokens_details") or {"reasoning_tokens": 0}
+    return out
+
+
+_DELTA = {"content": "response.output_text.delta", "reasoning_content": "response.reasoning_text.delta",
+          "reasoning": "response.reasoning_text.delta"}  # fmt: skip
+_MESSAGE_DONE = [
+    _response_event("response.output_text.done", output_index=0, content_index=0, text=""),
+    _response_event("response.content_part.done", output_index=0, content_index=0),
+    _response_event("response.output_item.done", output_index=0, item={"type": "message"}),
+]
+
+
+def _as_responses(steps: list[tuple]) -> list[tuple] | None:
+    """A chat scenario replayed on ``/v1/responses``: the same schedule, each chat chunk
+    rewritten as the Responses API's events (a role chunk: ``response.output_item.added``; content
+    and reasoning: their ``*.delta``; tool-call fragments: the call's item and
+    ``response.function_call_arguments.delta``; a finish: the ``*.done`` events; the usage:
+    ``response.completed`` with it; ``[DONE]`` without a usage before: ``response.completed``
+    without one); error objects become ``error`` events (``{"object": "error"}``:
+    ``response.failed``); sleeps, cuts, statuses, comments and bad JSON stay. None for a
+    scenario of raw chat bytes (it has no Responses counterpart)."""
+    if any(s[0] == "bytes" or (s[0] == "raw" and not s[1].startswith(":")) for s in steps):
+        return None
+    if steps[0][0] == "status":  # an HTTP error before any stream
+        return steps
+    out: list[tuple] = [_response_event("response.created", response=_response("in_progress"))]
+    completed = False
+    for step in steps:
+        data = step[1] if step[0] == "data" else None
+        if data == "[DONE]":
+            if not completed:
+                out.append(_response_event("response.completed", response=_response("completed")))
+            continue
+        if not isinstance(data, dict):
+            out.append(step)
+            continue
+        if "usage" in data:
+            usage = _responses_usage(data["usage"])
+            out.append(_response_event("response.completed", response=_response("completed", usage)))
+            completed = True
+        elif "error" in data:
+            error = data["error"]
+            message = error.get("message") if isinstance(error, dict) else error
+            out.append(_response_event("error", code="server_error", message=message, param=None))
+        elif data.get("object") == "error":
+            failed = _response("failed", error={"code": "server_error", "message": data["message"]})
+            out.append(_response_event("response.failed", response=failed))
+        elif data.get("choices"):
+            choice = data["choices"][0]
+            delta = choice["delta"]
+            if "role" in delta:
+                out.append(_response_event("response.output_item.added", output_index=0,
+                                           item={"type": "message", "role": "assistant", "content": []}))  # fmt: skip
+            for key, kind in _DELTA.items():
+                if key in delta:
+                    out.append(_response_event(kind, output_index=0, content_index=0, delta=delta[key]))
+            for call in delta.get("tool_calls") or ():
+                index, function = call["index"] + 1, call["function"]
+                if "name" in function:
+                    item = {"type": "function_call", "name": function["name"], "arguments": ""}
+                    out.append(_response_event("response.output_item.added", output_index=index, item=item))
+                if function.get("arguments"):
+                    out.append(_response_event("response.function_call_arguments.delta",
+                                               output_index=index, delta=function["arguments"]))  # fmt: skip
+            if choice["finish_reason"] is not None:
+                out.extend(_MESSAGE_DONE)
+    return out
+
+
+#: The chat scenarios on ``/v1/responses`` (:func:`_as_responses`), and the Responses API's own
+#: endings: ``responses_no_completed`` (every event of a finished message but the body ends
+#: before ``response.completed``: cut, not a success), ``responses_incomplete`` (stopped at
+#: ``max_output_tokens``, with a usage and cached tokens: a success whose finish reason is the
+#: limit), ``responses_failed`` (``response.failed`` after a token).
+RESPONSES_SCENARIOS: dict[str, list[tuple]] = {
+    name: converted for name, steps in SCENARIOS.items() if (converted := _as_responses(steps)) is not None
+}
+RESPONSES_SCENARIOS["responses_no_completed"] = [
+    _response_event("response.created", response=_response("in_progress")),
+    ("sleep", 20),
+    _response_event("response.output_text.delta", output_index=0, content_index=0, delta="The answer"),
+    ("sleep", 20),
+    _response_event("response.output_text.delta", output_index=0, content_index=0, delta=" is 42"),
+    *_MESSAGE_DONE,
+]
+RESPONSES_INCOMPLETE_USAGE = {"input_tokens": 11, "input_tokens_details": {"cached_tokens": 7},
+                              "output_tokens": 3, "output_tokens_details": {"reasoning_tokens": 0},
+                              "total_tokens": 14}  # fmt: skip
+RESPONSES_SCENARIOS["responses_incomplete"] = [
+    _response_event("response.created", response=_response("in_progress")),
+    ("sleep", 30),
+    _response_event("response.output_text.delta", output_index=0, content_index=0, delta="one two"),
+    ("sleep", 20),
+    _response_event("response.output_text.delta", output_index=0, content_index=0, delta=" three"),
+    _response_event("response.incomplete", response=_response(
+        "incomplete", RESPONSES_INCOMPLETE_USAGE, incomplete_details={"reason": "max_output_tokens"})),
+]  # fmt: skip
+RESPONSES_SCENARIOS["responses_failed"] = [
+    _response_event("response.output_text.delta", output_index=0, content_index=0, delta="partial"),
+    ("sleep", 10),
+    _response_event("response.failed", response=_response(
+        "failed", error={"code": "server_error", "message": "engine dead"})),
+]  # fmt: skip
+
+
 # The server ---------------------------------------------------------------------------------
 
 
@@ -739,6 +866,19 @@ def _tick_bytes(chunk: Any) -> tuple[bytes, list[bytes]]:
 
 _TICK_ROLE, _TICK_TEXT = _tick_bytes(_chunk)
 _TICK_BYTES = {"chat": (_TICK_ROLE, _TICK_TEXT), "completions": _tick_bytes(_completion)}
+_TICK_BYTES["responses"] = (
+    _response_event("response.created", response=_response("in_progress"))[1].encode(),
+    [_response_event("response.output_text.delta", output_index=0, content_index=0, delta=f" w{i}")[1].encode()
+     for i in range(4096)],
+)  # fmt: skip
+
+
+def _tick_tail(api: str, n: int) -> bytes:
+    """A ticks stream's end: usage and ``[DONE]``, or ``response.completed`` with the usage."""
+    if api == "responses":
+        usage = _responses_usage(_usage(n)["usage"])
+        return _response_event("response.completed", response=_response("completed", usage))[1].encode()
+    return (f"data: {json.dumps(_usage(n))}\n\n" + "data: [DONE]\n\n").encode()
 
 
 async def _stream_ticks(
@@ -788,8 +928,7 @@ async def _stream_ticks(
         data = _http_chunk(texts[i % len(texts)])
         stamps.append(perf())
         writer.write(data)
-    tail = (f"data: {json.dumps(_usage(n))}\n\n" + "data: [DONE]\n\n").encode()
-    writer.write(_http_chunk(tail) + b"0\r\n\r\n")
+    writer.write(_http_chunk(_tick_tail(api, n)) + b"0\r\n\r\n")
     await writer.drain()
 
 
@@ -829,10 +968,12 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
             if method == "GET" and path.startswith("/stamps"):
                 await _send_json(writer, 200, state.stamps)
                 continue
-            if not path.endswith("/completions"):
+            if not path.endswith(("/completions", "/responses")):
                 await _send_json(writer, 404, _error_body(f"no route {path}", "not_found", 404))
                 continue
             api = "chat" if path.endswith("/chat/completions") else "completions"
+            if path.endswith("/responses"):
+                api = "responses"
 
             recv_ns = time.perf_counter_ns()
             request = json.loads(body or b"{}")
@@ -844,6 +985,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 text_sent: list[int] = []
                 if api == "chat":
                     key = str((request.get("messages") or [{}])[0].get("content"))
+                elif api == "responses":  # the text, or the first message's
+                    said = request.get("input")
+                    key = str(said[0].get("content") if isinstance(said, list) and said else said)
                 else:
                     key = str(request.get("prompt"))
                 state.stamps[key] = {"recv_ns": recv_ns, "text_sent_ns": text_sent}
@@ -855,7 +999,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                     state.ttft_count += 1
                 continue
             model = str(request.get("model", ""))
-            if model == "prompt_cache":  # llama.cpp's prompt cache: the first (cold) answer differs
+            if api == "responses":
+                steps = RESPONSES_SCENARIOS.get(model)
+            elif model == "prompt_cache":  # llama.cpp's prompt cache: the first (cold) answer differs
                 prompt = str((request.get("messages") or [{}])[0].get("content"))
                 steps = _prompt_cache_steps(prompt in state.cached_prompts)
                 state.cached_prompts.add(prompt)

@@ -200,6 +200,32 @@ def test_usage_chunk_counts_and_ignore_eos_give_exactly_max_tokens(sweep) -> Non
         assert level["metrics"]["num_short_outputs"] == 0
 
 
+def test_the_responses_api_streams_tokens_and_its_usage(vllm_endpoint) -> None:
+    """``--api responses`` against vLLM's own ``/v1/responses`` (issue 31, item 8): a success
+    with its text deltas timed one by one and the output count from ``response.completed``'s
+    usage (or ``response.incomplete``'s: the limit reached), exactly the limit with ignore_eos."""
+    import asyncio
+
+    from tasks.stream.client import stream_chat
+    from tasks.stream.load import make_client
+
+    async def main():
+        client = make_client(vllm_endpoint.base_url, vllm_endpoint.api_key(), 120.0, 1)
+        try:
+            return await stream_chat(
+                client, model=vllm_endpoint.model, prompt="Count to twenty.", max_tokens=8,
+                count_tokens=None, request_id="responses", api="responses",
+                extra_body={"ignore_eos": True},
+            )  # fmt: skip
+        finally:
+            await client.close()
+
+    record = asyncio.run(main())
+    assert record.succeeded, record.error_message
+    assert (record.output_tokens, record.output_tokens_source) == (8, "usage")
+    assert record.usage_prompt_tokens and len(record.token_offsets_ms) >= 2 and record.ttft_ms > 0
+
+
 def test_continuous_batching_seen_from_outside(sweep) -> None:
     one, eight = (lv["metrics"] for lv in sweep["levels"])
     runs = [

@@ -70,7 +70,7 @@ def command(
     model: Annotated[Optional[str], typer.Option(help="Model name sent (required with --base-url).")] = None,
     api_key_env: ApiKeyEnvOption = None,
     tokenizer: TokenizerOption = None,
-    api: Annotated[Optional[str], typer.Option(help="chat (default) or completions.")] = None,
+    api: Annotated[Optional[str], typer.Option(help="chat (default), completions or responses.")] = None,
     num_requests: NumRequestsOption = None,
     warmup: WarmupOption = None,
     repeats: RepeatsOption = None,

@@ -168,7 +168,11 @@ def command(
         ),
     ] = None,
     api: Annotated[
-        Optional[str], typer.Option(help="Endpoint: chat (/chat/completions, default) or completions.")
+        Optional[str],
+        typer.Option(
+            help="Endpoint: chat (/chat/completions, default), completions, or responses "
+            "(/responses, OpenAI's Responses API)."
+        ),
     ] = None,
     dataset: Annotated[
         Optional[str],
@@ -318,6 +322,7 @@ def print_levels(levels: list[dict]) -> None:
         [(title, "right") for title in ("conc", "rate", *(t for _, t in columns))],
         compact=True,
     )
+    table.columns[1].no_wrap = True  # the rate: "trace" is one word, never folded
     table.add_column("client\nbound", no_wrap=True)
     for lv in levels:
         m = lv["metrics"]

@@ -102,8 +102,11 @@ class StreamConfig(_Strict):
         "requests in flight per window beside the server's gauges (sampled every 250 ms), one "
         "MLflow step per window and a stacked plot per level (AIPerf's time slices).",
     )
-    api: Literal["chat", "completions"] = Field(
-        "chat", description="Endpoint streamed: chat (/chat/completions) or completions (/completions)."
+    api: Literal["chat", "completions", "responses"] = Field(
+        "chat",
+        description="Endpoint streamed: chat (/chat/completions), completions (/completions) or "
+        "responses (/responses, OpenAI's Responses API: text and reasoning deltas, usage from "
+        "response.completed).",
     )
     dataset: str | None = Field(
         None,
@@ -196,8 +199,8 @@ class StreamConfig(_Strict):
                 "turns (--turns) builds synthetic conversations: it needs input_len (--input-len: "
                 "each turn's tokens) and no dataset (--dataset sharegpt-multiturn:PATH replays a file's)"
             )
-        if conversation and (self.api != "chat" or self.prefix_groups is not None):
-            given = "--api completions" if self.api != "chat" else "--prefix-groups"
+        if conversation and (self.api == "completions" or self.prefix_groups is not None):
+            given = "--api completions" if self.api == "completions" else "--prefix-groups"
             raise ValueError(
                 "a conversation (--turns, --dataset sharegpt-multiturn:PATH) is sent as chat "
                 f"messages with its own history: drop {given}"

@@ -22,6 +22,10 @@ text-carrying chunks this module collects:
   chunk count, never ``max_tokens``.
 - A stream that ends cleanly with text but without a ``finish_reason``, a usage or ``[DONE]``
   may have been cut anywhere (inference-perf #655): ``stream_broken``, not a success.
+- ``api="responses"`` (OpenAI's Responses API): its events are read into the same state by
+  :mod:`tasks.stream.responses` (text and reasoning deltas are the text chunks; the usage of
+  ``response.completed`` in the chat names); a body that ends before ``response.completed`` or
+  ``response.incomplete`` is ``stream_broken``.
 
 Two transports give the same record: :class:`SSEClient` (aiohttp with our own SSE parser; the
 default of ``tasks.stream.load.make_client``) and the openai client's ``AsyncOpenAI``. Their
@@ -42,12 +46,15 @@ import openai
 from tasks.stream import rxclock
 from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
 from tasks.stream.records import RequestRecord
+from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
 from tasks.stream.timing import chunk_timing, tpot_ms
 from tasks.stream.transports import connection_trace, new_state, receive_openai, receive_sse
 from tasks.stream.usage import read_usage
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
+#: Those the Responses API has (``responses.create``); the rest go through ``extra_body``.
+_NAMED_RESPONSES = ("temperature", "top_p")
 
 _NS_PER_MS = 1_000_000.0  # stream_close_ms only; the rest is tasks.stream.timing's
 
@@ -71,6 +78,13 @@ def build_request(
     goes as ``prompt`` (no chat template) and the limit as ``max_tokens`` (the only name that
     endpoint knows); the rest is the same.
 
+    ``api="responses"``: for ``client.responses.create`` (``/responses``, OpenAI's Responses
+    API): ``input`` is the prompt text, or the messages when there is a ``history``; the limit
+    is ``max_output_tokens``; ``store: false`` (nothing kept on the server); only
+    ``temperature`` and ``top_p`` are named (the API has no ``seed``), the other sampling keys
+    and ``extra_body`` go through ``extra_body`` (vLLM reads ``seed``, ``top_k``,
+    ``ignore_eos`` there); no ``stream_options`` (the usage comes in ``response.completed``).
+
     ``max_completion_tokens`` is the current OpenAI name; ``max_tokens`` goes too (through
     ``extra_body``) for servers that know only that one. ``temperature``, ``top_p`` and
     ``seed`` are named arguments; ``top_k`` and any other sampling key (not in the OpenAI
@@ -79,14 +93,29 @@ def build_request(
     """
     body: dict[str, Any] = {"max_tokens": max_tokens}
     kwargs: dict[str, Any] = {}
+    named = _NAMED_RESPONSES if api == "responses" else _NAMED_SAMPLING
     for key, value in (sampling or {}).items():
         if value is None:
             continue
-        if key in _NAMED_SAMPLING:
+        if key in named:
             kwargs[key] = value
         else:
             body[key] = value
     body.update(extra_body or {})
+    if api == "responses":
+        del body["max_tokens"]
+        text: dict[str, Any] = {
+            "input": [*history, {"role": "user", "content": prompt}] if history else prompt
+        }
+        return {
+            "model": model,
+            **text,
+            "stream": True,
+            "store": False,
+            "max_output_tokens": max_tokens,
+            "extra_body": body,
+            **kwargs,
+        }
     if api == "completions":
         limit = {"max_tokens": body.pop("max_tokens")}
         text = {"prompt": prompt}
@@ -130,6 +159,7 @@ class SSEClient:
         self.api_key = api_key or "no-key"
         self.url = f"{self.base_url}/chat/completions"
         self.completions_url = f"{self.base_url}/completions"
+        self.responses_url = f"{self.base_url}/responses"
         self.headers = {
             "Authorization": f"Bearer {self.api_key}",
             "Content-Type": "application/json",
@@ -194,8 +224,9 @@ async def stream_chat(
     ``input_tokens``: the caller's count of the prompt; when None, the server's
     ``usage.prompt_tokens`` if it sends one.
 
-    ``api``: ``"chat"`` (``/chat/completions``) or ``"completions"`` (``/completions``, text
-    from ``choices[].text``); the same definitions and error classes. ``history``: a
+    ``api``: ``"chat"`` (``/chat/completions``), ``"completions"`` (``/completions``, text
+    from ``choices[].text``) or ``"responses"`` (``/responses``, the Responses API's events:
+    :mod:`tasks.stream.responses`); the same definitions and error classes. ``history``: a
     conversation's earlier messages (:func:`build_request`).
     """
     kwargs = build_request(
@@ -213,18 +244,25 @@ async def stream_chat(
     if isinstance(client, SSEClient):
         client.session()  # made before the clock starts
         url = client.completions_url if api == "completions" else client.url
+        receive = receive_sse
+        if api == "responses":
+            url, receive = client.responses_url, receive_responses
         send_ns = perf()
         try:
-            await receive_sse(client.session(), url, client.headers, kwargs, state)
+            await receive(client.session(), url, client.headers, kwargs, state)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     else:
         # Resolved before the clock starts: the first access imports the client's resource
         # modules (~0.1 s), which is not the endpoint's latency.
         create = client.completions.create if api == "completions" else client.chat.completions.create
+        receive_events = receive_openai
+        if api == "responses":
+            create, receive_events = client.responses.create, receive_openai_responses
+            warm_openai_events()  # its event models, built once (~0.6 s), not on the clock
         send_ns = perf()
         try:
-            await receive_openai(create, kwargs, state)
+            await receive_events(create, kwargs, state)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     end_ns = perf()

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, parent_run, target_label
 from tasks.config import TuneFlowConfig
 
 
@@ -97,7 +97,14 @@ def run_tune(config: TuneFlowConfig, track: bool = True) -> dict:
         "engine": engine,
     }
     repeats = config.tune.repeats
-    with parent_run("tune", config.name, config.model_dump(mode="json"), config.tracking, track, tags) as run:
+    # the run's name: `tune 12-02 10:06:42 llama.cpp SmolLM2-135M-Instruct`, as the other flows'
+    what = (
+        ["serve_cmd", config.endpoint.model or "?"]
+        if config.tune.serve_cmd
+        else target_label(None, None, config.server.engine, config.server.model)
+    )
+    params = config.model_dump(mode="json")
+    with parent_run("tune", config.name, params, config.tracking, track, tags, what=what) as run:
         summaries: list[ConfigurationSummary] = []
         order: list[dict] = []
         error = None

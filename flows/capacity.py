@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.runs import final_state, parent_run
+from flows.runs import final_state, parent_run, target_label
 from tasks.config import CapacityFlowConfig
 
 
@@ -48,8 +48,10 @@ def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",
     }
+    remote, server = config.endpoint, config.server  # the run's name says what it measured
+    what = target_label(remote.base_url, remote.model, server.engine, server.model)
     with parent_run(
-        "capacity", config.name, config.model_dump(mode="json"), config.tracking, track, tags
+        "capacity", config.name, config.model_dump(mode="json"), config.tracking, track, tags, what=what
     ) as run:
         result: dict = {"capacity": None, "levels": [], "error": None}
         try:

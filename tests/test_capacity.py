@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -222,6 +223,8 @@ def test_capacity_command_tracks_levels_and_plot(server, tmp_path: Path) -> None
 
     client = MlflowClient(env["MLFLOW_TRACKING_URI"])
     run = client.get_run(data["mlflow_run_id"])
+    host = server.base_url.split("//")[1].split("/")[0]
+    assert re.fullmatch(rf"capacity \d\d-\d\d \d\d:\d\d:\d\d {host} load:6:20:10:20", run.info.run_name)
     assert run.data.metrics["capacity_requests_per_s"] == pytest.approx(capacity["capacity_requests_per_s"])
     children = client.search_runs([run.info.experiment_id], f"tags.mlflow.parentRunId = '{run.info.run_id}'")
     assert len(children) == len(capacity["levels"])

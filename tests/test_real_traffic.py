@@ -79,6 +79,8 @@ def test_a_trace_is_replayed_at_its_recorded_times(server, tmp_path) -> None:
 
 
 def test_a_trace_with_a_bad_row_exits_2_before_any_request(server, tmp_path) -> None:
+    """A bad row, a rate beside a trace and more requests than rows exit 2 before any request;
+    --num-requests N sends the first N rows."""
     trace = tmp_path / "bad.jsonl"
     trace.write_text(
         '{"timestamp": 5, "input_length": 8, "output_length": 1}\n{"timestamp": 4, "input_length": 8, "output_length": 1}\n'
@@ -92,6 +94,20 @@ def test_a_trace_with_a_bad_row_exits_2_before_any_request(server, tmp_path) -> 
         server, tmp_path, "--model", "instant", "--dataset", f"trace:{trace}", "--request-rate", "5"
     )
     assert done.returncode == 2 and "time_scale" in done.stderr
+    # --num-requests 2 sends the first 2 rows (not all 5), and the level reads "trace" (issue 31)
+    rows = [{"timestamp": t, "input_length": 8, "output_length": 1} for t in (0, 500, 1000, 1500, 2000)]
+    trace.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    args = ("--model", "instant", "--dataset", f"trace:{trace}", "--max-concurrency", "1", "--warmup", "0")
+    done, result = stream(server, tmp_path, *args, "--num-requests", "2")
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    pings = [b for b in server.stats()["requests"] if b["messages"][0]["content"] == "ping"]  # pre-flight
+    sent = len(server.stats()["requests"]) - len(pings)
+    assert sent == 2 and result["levels"][0]["metrics"]["num_requests"] == 2
+    # conc 1, then the rate column: a trace, not "inf" (in the level table, and any table under it)
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] == ["1"]]
+    assert rows and all(row[1] == "trace" for row in rows), done.stdout
+    done, _ = stream(server, tmp_path, *args, "--num-requests", "6")
+    assert done.returncode == 2 and "which has 5 rows; give at most 5" in done.stderr
 
 
 def test_shared_prefix_groups_hit_the_cache_as_constructed(server, tmp_path) -> None:

@@ -21,7 +21,9 @@ RequestRateOption = Annotated[Optional[str], typer.Option(help="Request rates in
 SeedOption = Annotated[
     Optional[int], typer.Option(help="Seed of the arrivals, synthetic prompts, dataset order.")
 ]
-NumRequestsOption = Annotated[Optional[int], typer.Option(help="Measured requests per level.")]
+NumRequestsOption = Annotated[
+    Optional[int], typer.Option(help="Measured requests per level (a trace: its first N rows; default all).")
+]
 WarmupOption = Annotated[Optional[int], typer.Option(help="Warm-up requests per level (recorded, excluded).")]
 MaxTokensOption = Annotated[
     Optional[int],

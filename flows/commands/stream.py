@@ -323,6 +323,7 @@ def print_levels(levels: list[dict]) -> None:
         compact=True,
     )
     table.columns[1].no_wrap = True  # the rate: "trace" is one word, never folded
+    table.columns[1].no_wrap = True  # the rate: "trace" is one word, never folded
     table.add_column("client\nbound", no_wrap=True)
     for lv in levels:
         m = lv["metrics"]

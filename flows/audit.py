@@ -16,6 +16,7 @@ from prefect.states import Completed, Failed
 
 from flows.events import emit_regressed
 from flows.runs import model_label, parent_run, target_label
+from tasks.cache import first_level_figures
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
@@ -90,7 +91,8 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                 log_history_plots(run.tracker, run.run_id, verdict, headline, run.workdir / "plots")
             except Exception as exc:
                 logger.warning("history plots not drawn: %s: %s", type(exc).__name__, exc)
-        run.finish(headline, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
+        cached = first_level_figures((stages.get("stream") or {}).get("levels") or [])  # for compare
+        run.finish({**headline, **cached}, summary, "; ".join(f"{k}: {v}" for k, v in errors.items()) or None)
     return {
         "stages": stages,
         "headline": headline,

@@ -32,6 +32,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     from tasks.stream.multiproc import start_fork_server
 
     start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up
+    from tasks.cache import first_level_figures
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.report import summary as report
@@ -70,7 +71,8 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
             title="infermeter stream",
         )
         mark("flow_finish")
-        run.finish(result["headline"], summary, result["error"])
+        # the first level's prefix-cache figures beside the headline: what compare reads
+        run.finish({**result["headline"], **first_level_figures(result["levels"])}, summary, result["error"])
     mark("flow_body_end")
     return {**result, **run.links()}
 

@@ -25,7 +25,13 @@ Linux is one clock for all processes, so the client's ``send_ns`` and these stam
 comparable and the server's own lateness is never charged to the client.
 
 Scenario ``prefix_cache``: a server with a prefix cache over the prompt's words
-(:func:`_prefix_cache_steps`), its counters under vLLM's names in ``/metrics``.
+(:func:`_prefix_cache_steps`), its counters under vLLM's names in ``/metrics``;
+``POST /prefix_cache_mode?engine=E&block_size=N`` makes it another server's (until ``/reset``):
+``engine=sglang`` counts under SGLang's names, ``engine=llamacpp`` reports the cached tokens as
+llama.cpp's own server does (``timings.cache_n`` in a final ``choices: []`` chunk, no counters),
+``engine=llama-cpp-python`` sends no usage at all (as the embedded llama.cpp server streams),
+``block_size=N`` caches whole blocks of N words only and publishes vLLM's
+``vllm:cache_config_info{block_size="N"}``.
 
 Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
 ``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count, ``vllm:prefix_cache_queries_total`` /
@@ -614,6 +620,8 @@ class _State:
         self.prefix_cache: list[list[str]] = []  # the "prefix_cache" scenario's prompts (words)
         self.prefix_queries = 0  # its cumulative counters, as vLLM's (tokens = words)
         self.prefix_hits = 0
+        self.prefix_engine = "vllm"  # whose names and reports (POST /prefix_cache_mode)
+        self.prefix_block = 0  # cache block size in words (0: per word, not published)
         self.ttft_count = 0
         self.text_chunks = 0
 
@@ -670,13 +678,41 @@ def _metrics_page(state: _State) -> str:
         f"gt_ttft_seconds_count {state.ttft_count}\n"
         "# TYPE gt_in_flight gauge\n"
         f"gt_in_flight {state.in_flight}\n"
+    ) + _prefix_cache_metrics(state)
+
+
+def _prefix_cache_metrics(state: _State) -> str:
+    """The prefix cache's counters under its engine's names (vLLM's by default; llama.cpp's
+    own server has none), and vLLM's block size where one is set."""
+    rate = state.prefix_hits / max(state.prefix_queries, 1)
+    if state.prefix_engine == "sglang":  # cached tokens split by where they came from
+        device = state.prefix_hits - state.prefix_hits // 3
+        return (
+            "# TYPE sglang:prompt_tokens counter\n"
+            f'sglang:prompt_tokens_total{{model_name="m"}} {state.prefix_queries}\n'
+            "# TYPE sglang:cached_tokens counter\n"
+            f'sglang:cached_tokens_total{{model_name="m",cache_source="device"}} {device}\n'
+            f'sglang:cached_tokens_total{{model_name="m",cache_source="host"}} {state.prefix_hits - device}\n'
+            "# TYPE sglang:cache_hit_rate gauge\n"  # the last batch's: never the level's
+            f'sglang:cache_hit_rate{{model_name="m"}} {rate}\n'
+        )
+    if state.prefix_engine == "llamacpp":
+        return ""
+    page = (
         "# TYPE vllm:prefix_cache_queries counter\n"
         f'vllm:prefix_cache_queries_total{{engine="0"}} {state.prefix_queries}\n'
         "# TYPE vllm:prefix_cache_hits counter\n"
         f'vllm:prefix_cache_hits_total{{engine="0"}} {state.prefix_hits}\n'
         "# TYPE vllm:gpu_prefix_cache_hit_rate gauge\n"  # a lifetime rate: never the level's
-        f"vllm:gpu_prefix_cache_hit_rate {state.prefix_hits / max(state.prefix_queries, 1)}\n"
+        f"vllm:gpu_prefix_cache_hit_rate {rate}\n"
     )
+    if state.prefix_block:
+        page += (
+            "# TYPE vllm:cache_config_info gauge\n"
+            f'vllm:cache_config_info{{block_size="{state.prefix_block}",cache_dtype="auto",'
+            'enable_prefix_caching="True"} 1.0\n'
+        )
+    return page
 
 
 def _prefix_cache_steps(state: _State, prompt: str) -> list[tuple]:
@@ -686,21 +722,27 @@ def _prefix_cache_steps(state: _State, prompt: str) -> list[tuple]:
     (``prompt_tokens_details.cached_tokens``) and the counters add them up. Answers "ok ok"."""
     words = prompt.split()
     hits = max((_shared(words, seen) for seen in state.prefix_cache), default=0)
+    if state.prefix_block:  # a paged cache: whole blocks only
+        hits = hits // state.prefix_block * state.prefix_block
     state.prefix_cache.append(words)
     state.prefix_queries += len(words)
     state.prefix_hits += hits
     usage = _usage(2, prompt_tokens=len(words))
-    usage["usage"]["prompt_tokens_details"] = {"cached_tokens": hits}
-    return [
+    steps: list[tuple] = [
         ("data", _chunk(role="assistant")),
         ("sleep", 20),
         ("data", _chunk("ok")),
         ("sleep", 10),
         ("data", _chunk(" ok")),
         ("data", _chunk(finish="stop")),
-        ("data", usage),
-        ("data", "[DONE]"),
     ]
+    if state.prefix_engine == "llamacpp":  # llama.cpp #16048: usage and timings, choices: []
+        usage["timings"] = {"cache_n": hits, "prompt_n": len(words) - hits, "predicted_n": 2}
+        return [*steps, ("data", usage), ("data", "[DONE]")]
+    if state.prefix_engine == "llama-cpp-python":  # no usage, no timings in a stream
+        return [*steps, ("data", "[DONE]")]
+    usage["usage"]["prompt_tokens_details"] = {"cached_tokens": hits}
+    return [*steps, ("data", usage), ("data", "[DONE]")]
 
 
 def _shared(a: list[str], b: list[str]) -> int:
@@ -954,6 +996,12 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                     writer, 200, {"max_in_flight": state.max_in_flight, "requests": state.requests}
                 )
                 continue
+            if method == "POST" and path.startswith("/prefix_cache_mode"):
+                query = dict(part.split("=", 1) for part in path.partition("?")[2].split("&") if "=" in part)
+                state.prefix_engine = query.get("engine", "vllm")
+                state.prefix_block = int(query.get("block_size", "0"))
+                await _send_json(writer, 200, {"ok": True})
+                continue
             if method == "POST" and path.startswith("/reset_prefix_cache"):  # vLLM's (dev mode)
                 state.prefix_cache.clear()
                 await _send_json(writer, 200, {"ok": True})
@@ -1080,6 +1128,12 @@ class GroundTruthServer:
 
     def reset(self) -> None:
         self._call("POST", "/reset")
+
+    def prefix_cache_mode(self, engine: str = "vllm", block_size: int = 0) -> None:
+        """The ``prefix_cache`` scenario as ``engine``'s (vllm, sglang, llamacpp,
+        llama-cpp-python) with whole
+        blocks of ``block_size`` words (0: per word), until :meth:`reset`."""
+        self._call("POST", f"/prefix_cache_mode?engine={engine}&block_size={block_size}")
 
 
 def self_signed_cert(folder: str | os.PathLike[str]) -> tuple[str, str]:

@@ -30,14 +30,18 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-def stream(
-    server: gt.GroundTruthServer, tmp_path: Path, *args: str
-) -> tuple[subprocess.CompletedProcess, dict]:
-    """`infermeter stream` against the instrument, untracked; its --json."""
-    out = tmp_path / f"out{len(list(tmp_path.glob('out*.json')))}.json"
+def cli(*args: str) -> list[str]:
     exe = ROOT / ".venv" / "bin" / "infermeter"
-    command = [*([str(exe)] if exe.exists() else [sys.executable, "-m", "flows.commands.app"]), "stream"]
-    command += ["--base-url", server.base_url, "--no-track", "--json", str(out), *args]
+    return [*([str(exe)] if exe.exists() else [sys.executable, "-m", "flows.commands.app"]), *args]
+
+
+def stream(
+    server: gt.GroundTruthServer, tmp_path: Path, *args: str, track: bool = False
+) -> tuple[subprocess.CompletedProcess, dict]:
+    """`infermeter stream` against the instrument, untracked unless ``track``; its --json."""
+    out = tmp_path / f"out{len(list(tmp_path.glob('out*.json')))}.json"
+    command = cli("stream", "--base-url", server.base_url, *([] if track else ["--no-track"]))
+    command += ["--json", str(out), *args]
     env = {k: v for k, v in os.environ.items() if k != "INFERMETER_WORK_DIR"}
     done = subprocess.run(
         command, capture_output=True, text=True, env={**env, "INFERMETER_WORK_DIR": str(tmp_path)}
@@ -110,17 +114,31 @@ def test_a_trace_with_a_bad_row_exits_2_before_any_request(server, tmp_path) -> 
     assert done.returncode == 2 and "which has 5 rows; give at most 5" in done.stderr
 
 
-def test_shared_prefix_groups_hit_the_cache_as_constructed(server, tmp_path) -> None:
+def test_shared_prefix_groups_hit_the_cache_as_constructed(server, mlflow_store, tmp_path) -> None:
     """4 groups of a 64-token prefix, 16 tokens of each request's own, one stream: the server's
     hit rate (its counters' increase) equals the share a perfect cache would supply; the cache
-    is reset before each level, so the second level expects the same, not more."""
+    is reset before each level, so the second level expects the same, not more. The figures
+    are printed under the level table, and compare finds them on the flow's run (issue 31)."""
     server.reset()
     done, result = stream(
         server, tmp_path, "--model", "prefix_cache", "--prefix-groups", "4", "--prefix-len", "64",
         "--input-len", "16", "--num-requests", "24", "--max-concurrency", "1,1", "--seed", "3",
+        track=True,
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     first, second = result["levels"]
+    shown = first["metrics"]
+    assert "prefix cache (% of prompt tokens" in done.stdout
+    printed = [f"{100 * shown[n]:.1f} %" for n in ("prefix_cache_hit_rate", "expected_cached_token_fraction")]
+    assert all(figure in done.stdout for figure in printed) and "per-token" in done.stdout
+    names = ("prefix_cache_hit_rate", "cached_token_fraction", "expected_cached_token_fraction")
+    compared = subprocess.run(
+        cli("compare", result["mlflow_run_id"], "--metrics", ",".join(names), "--json", str(tmp_path / "c.json")),
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert compared.returncode == 0, compared.stderr[-2000:]
+    (row,) = json.loads((tmp_path / "c.json").read_text())["rows"]
+    assert all(row[name] == pytest.approx(shown[name]) for name in names)
     for level in (first, second):
         m = level["metrics"]
         groups = [r["prefix_group"] for r in level["requests"] if not r["warmup"]]
@@ -333,3 +351,12 @@ def test_repeats_rerun_the_level_afresh_and_report_their_spread(server, tmp_path
         assert m[f"{name}_ci_low"] <= m[name] <= m[f"{name}_ci_high"], name
     assert m["ttft_ms_p99_ci_low"] is not None  # computed, however few requests it rests on
     assert f"{m['ttft_ms_p50']:.1f} ± " in done.stdout
+
+
+def test_a_cache_block_size_below_one_exits_2_naming_the_flag(server, tmp_path) -> None:
+    server.reset()
+    done, _ = stream(
+        server, tmp_path, "--model", "prefix_cache", "--input-len", "8", "--cache-block-size-tokens", "0"
+    )
+    assert done.returncode == 2 and server.stats()["requests"] == []
+    assert "--cache-block-size-tokens" in done.stderr and "greater than or equal to 1" in done.stderr

@@ -44,6 +44,7 @@ from flows.commands.options import (
     TokenizerOption,
     WarmupOption,
 )
+from flows.commands.stream_tables import print_cache, print_turns
 from flows.commands.tables import console, fmt_interval, fmt_value, make_table, print_run_links
 from flows.commands.workload import (
     KeepCacheOption,
@@ -194,6 +195,13 @@ def command(
     think_time_dist: ThinkTimeDistOption = None,
     keep_cache: KeepCacheOption = False,
     salt: SaltOption = None,
+    cache_block_size_tokens: Annotated[
+        Optional[int],
+        typer.Option(
+            help="The server's prefix-cache block size (tokens) where its /metrics do not say it: "
+            "the expected cached share counts whole blocks only (default: the server's, else per token)."
+        ),
+    ] = None,
     config: Annotated[
         Optional[Path],
         typer.Option(
@@ -253,6 +261,7 @@ def command(
                 keep_cache=keep_cache,
                 salt=salt,
             ),
+            "cache_block_size_tokens": cache_block_size_tokens,
             "enabled": True,
         },
     )
@@ -323,7 +332,6 @@ def print_levels(levels: list[dict]) -> None:
         compact=True,
     )
     table.columns[1].no_wrap = True  # the rate: "trace" is one word, never folded
-    table.columns[1].no_wrap = True  # the rate: "trace" is one word, never folded
     table.add_column("client\nbound", no_wrap=True)
     for lv in levels:
         m = lv["metrics"]
@@ -348,42 +356,5 @@ def print_levels(levels: list[dict]) -> None:
             + "; ".join(repeated),
             highlight=False,
         )
-    print_turns(levels)
-
-
-def print_turns(levels: list[dict]) -> None:
-    """For conversation levels (``num_sessions`` in their metrics): one row per level and turn
-    index (``tasks.stats.by_turn``): turns sent, TTFT / E2E p50 (ms), mean prompt and cached
-    tokens, so that a later turn reads against the first."""
-    rows = [(lv, k) for lv in levels for k in range(1, 1 + _turn_count(lv["metrics"]))]
-    if not rows:
-        return
-    table = make_table(
-        "by turn (ms; prompt tokens grow with the history; cached = the server's cached_tokens)",
-        [(t, "right") for t in ("conc", "turn", "sent", "TTFT p50", "E2E p50", "prompt tok", "cached tok")],
-        compact=True,
-    )
-    for lv, k in rows:
-        m = lv["metrics"]
-        table.add_row(
-            str(lv["max_concurrency"]),
-            str(k),
-            *(
-                fmt_value(m.get(f"{name}_turn{k}"))
-                for name in (
-                    "num_requests",
-                    "ttft_ms_p50",
-                    "e2e_ms_p50",
-                    "input_tokens_mean",
-                    "cached_tokens_mean",
-                )
-            ),
-        )
-    console.print(table)
-
-
-def _turn_count(metrics: dict) -> int:
-    k = 0
-    while f"num_requests_turn{k + 1}" in metrics:
-        k += 1
-    return k
+    print_cache(levels, console)
+    print_turns(levels, console)

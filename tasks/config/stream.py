@@ -156,6 +156,14 @@ class StreamConfig(_Strict):
         description="Salt of the random prompt tokens (synthetic, shared-prefix, trace). Empty = "
         "drawn per run and recorded, so a second run does not hit the first's prefix cache.",
     )
+    cache_block_size_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="The server's prefix-cache block size in tokens, where its metrics do not "
+        "publish it (vLLM's vllm:cache_config_info does: 16 on GPU by default, larger on CPU): "
+        "the expected cached share counts whole blocks only. Empty = the server's, else "
+        "per-token reuse (SGLang's radix cache, llama.cpp).",
+    )
 
     @field_validator("prefix_popularity")
     @classmethod

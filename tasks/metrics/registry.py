@@ -223,13 +223,19 @@ REGISTRY: tuple[Metric, ...] = (
         "prefix_cache_hit_rate",
         "fraction",
         "stream",
-        "Server's prefix-cache hits / queries, counter increases over the level (vLLM).",
+        "Server's prefix-cache hits / queries, counter increases over the level (vLLM; SGLang's cached / prompt tokens).",
     ),
     Metric(
         "cached_token_fraction",
         "fraction",
         "stream",
-        "usage cached_tokens / usage prompt_tokens of the level's successes.",
+        "usage cached_tokens (else llama.cpp timings.cache_n) / usage prompt_tokens of the level's successes.",
+    ),
+    Metric(
+        "cache_block_size_tokens",
+        "tokens",
+        "stream",
+        "Cache block size the expected share counts whole blocks of (server's vllm:cache_config_info, else the user's); empty: per-token.",
     ),
     *LEVEL_DERIVED,  # repeats, intervals, turns: tasks/metrics/derived.py
     Metric(

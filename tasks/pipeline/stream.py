@@ -8,7 +8,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import metrics
+from tasks import cache, metrics
 from tasks.config import StreamConfig
 from tasks.endpoint import Endpoint
 from tasks.models import load_tokenizer
@@ -123,7 +123,8 @@ def stream_stage(
         curves = [{k: lv[k] for k in ("max_concurrency", "request_rate", "metrics")} for lv in levels]
         run_job(run.tracker, stage_plots, run.run_id, curves, str(workdir_path / "plots"), plots)
         headline = with_intervals(STREAM_HEADLINE, levels[0]["metrics"])
-        run.tracker.log_metrics(run.run_id, headline)
+        # the first level's prefix-cache figures too (the flow's parent run carries them as well)
+        run.tracker.log_metrics(run.run_id, {**headline, **cache.first_level_figures(levels)})
         failed = every_request_failed(levels)
         if failed:  # the records are kept and returned; the run says it measured nothing
             run.fail(failed)

@@ -20,6 +20,8 @@ text-carrying chunks this module collects:
   that are not counts), else ``count_tokens(generated text)`` (the caller's tokenizer, without
   special tokens; GenAI-Perf counts the same way) with ``usage_problem`` saying why. Never the
   chunk count, never ``max_tokens``.
+- ``cached_tokens``: the usage's ``prompt_tokens_details.cached_tokens``, else llama.cpp's own
+  server's ``timings.cache_n`` (its final chunk; :func:`_read_timings`).
 - A stream that ends cleanly with text but without a ``finish_reason``, a usage or ``[DONE]``
   may have been cut anywhere (inference-perf #655): ``stream_broken``, not a success.
 - ``api="responses"`` (OpenAI's Responses API): its events are read into the same state by
@@ -313,6 +315,22 @@ def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int]
     record.tpot_ms = tpot_ms(record.ttft_ms, record.e2e_ms, record.output_tokens, record.token_offsets_ms)
 
 
+def _read_timings(record: RequestRecord, timings: Any) -> None:
+    """Where the usage gave none, ``cached_tokens`` from llama.cpp's ``timings.cache_n`` (prompt
+    tokens taken from its cache) and ``usage_prompt_tokens`` from ``cache_n + prompt_n``
+    (``prompt_n``: the prompt tokens it evaluated; llama.cpp ``tools/server``). Values that are
+    not counts are ignored."""
+    if not isinstance(timings, dict):
+        return
+    cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached < 0:
+        return
+    if record.cached_tokens is None:
+        record.cached_tokens = cached
+    if record.usage_prompt_tokens is None and isinstance(evaluated, int) and evaluated >= 0:
+        record.usage_prompt_tokens = cached + evaluated
+
+
 def _build_record(
     state: dict[str, Any],
     identity: dict[str, Any],
@@ -366,6 +384,8 @@ def _build_record(
 
     record.reasoning_tokens, record.usage_convention = usage.reasoning_tokens, usage.convention
     record.cached_tokens, record.usage_prompt_tokens = usage.cached_tokens, usage.prompt_tokens
+    if state["timings"] is not None:  # llama.cpp's own server: its cache in timings
+        _read_timings(record, state["timings"])
     record.usage_problem = usage.problem
     if usage.output_tokens is not None:
         record.output_tokens = usage.output_tokens

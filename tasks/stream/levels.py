@@ -6,9 +6,10 @@ warm-up and after the measured requests, its gauges sampled every 250 ms between
 level runs in this process or over client processes (``StreamConfig.client_processes``, at
 most the level's concurrency), its records are aggregated (``tasks.stats.aggregate_level``)
 beside the client's loop-lag figures, the server's own view and the client/server cross-check,
-and the short outputs are counted. Three warnings go to the logger passed in: the client and
-the server disagree on TTFT/E2E, ``ignore_eos`` was sent but outputs came back short, and the
-level is client-bound.
+and the short outputs are counted. Warnings go to the logger passed in: the client and
+the server disagree on TTFT/E2E, ``ignore_eos`` was sent but outputs came back short, the
+level is client-bound, and the prefix cache's measured share is off the expected one
+(``tasks.cache.mismatch_warning``; a workload built to share nothing found its prompts cached).
 
 A level of ``repeats`` > 1 (``StreamConfig.repeats``) is run that many times in a row, each a
 fresh start (its own warm-up, prefix-cache reset and scrapes); its figures are over every
@@ -130,7 +131,7 @@ def run_levels(
     logger = logger or _LOG
     done: list[Level] = []
     said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
-    cached = _CacheState()  # what a perfect prefix cache holds, across the levels
+    cached = cache.ExpectedCache()  # what a perfect prefix cache holds, across the levels
     for settings in levels:
         level = _run_one(
             connection, settings, count_tokens, goodput, client_processes, on_record, logger, cached
@@ -162,7 +163,7 @@ def _run_one(
     client_processes: int | None,
     on_record: Callable[[RequestRecord], None] | None,
     logger: logging.Logger | logging.LoggerAdapter,
-    cached: _CacheState,
+    cached: cache.ExpectedCache,
 ) -> Level:
     """One level of :func:`run_levels`: per repeat, reset the prefix cache, scrape, run, scrape;
     then aggregate the repeats pooled, and check."""
@@ -208,7 +209,9 @@ def _run_one(
     if settings.repeats > 1:
         metrics.update(_repeat_spread(results, goodput))
     reset = settings.reset_cache and not refused
-    metrics.update(cached.level(results, settings, reset))
+    served = next((cache.block_size_tokens(b) for b in befores.values() if b), None)
+    block = served or settings.cache_block_size_tokens  # the server's, else the user's, else None
+    metrics.update(cached.level(results, settings, reset, block))
     if settings.reset_cache and refused and not cached.said_no_reset:
         cached.said_no_reset = True
         logger.warning(
@@ -217,6 +220,9 @@ def _run_one(
             refused[0],
         )
     _warn_cache(metrics, settings.level, logger)
+    mismatch = cache.mismatch_warning(metrics, settings.level)
+    if mismatch:
+        logger.warning("%s", mismatch)
     return Level(settings, metrics, tuple(result.records), result.wall_s, tuple(sampler.samples))
 
 
@@ -262,41 +268,6 @@ def _repeat_spread(results: Sequence[LevelResult], goodput: Mapping[str, float] 
         out[f"{name}_repeat_min"] = min(values) if values else None
         out[f"{name}_repeat_max"] = max(values) if values else None
     return out
-
-
-class _CacheState:
-    """The blocks a perfect prefix cache holds during a run of levels (for each level's expected
-    share, ``tasks.cache.expected_cached_token_fraction``), and whether the missing reset was
-    said."""
-
-    def __init__(self) -> None:
-        self.seen: set[str] = set()
-        self.said_no_reset = False
-
-    def level(self, results: Sequence[LevelResult], settings: LevelSettings, reset: bool) -> dict[str, Any]:
-        """``prefix_cache_reset`` (1 reset before the measured requests, 0 asked but refused,
-        None not asked) and ``expected_cached_token_fraction`` of the level's measured requests
-        in send order, over its repeats (each after its own warm-up and reset; None without the
-        workload's blocks)."""
-        blocks = settings.prompt_blocks
-        out: dict[str, Any] = {"prefix_cache_reset": int(reset) if settings.reset_cache else None}
-        if not blocks:
-            return out | {"expected_cached_token_fraction": None}
-        cached = total = 0
-        for result in results:
-            for r in result.records:  # the warm-up went first: in the cache unless it was reset
-                if r.warmup:
-                    self.seen.update(
-                        key for key, _ in blocks[settings.prompt_index(r.request_id) % len(blocks)]
-                    )
-            if reset:
-                self.seen.clear()
-            order = sorted(result.measured, key=lambda r: r.send_ns)
-            hit, seen = cache.expected_cached_tokens(
-                (blocks[settings.prompt_index(r.request_id) % len(blocks)] for r in order), self.seen
-            )
-            cached, total = cached + hit, total + seen
-        return out | {"expected_cached_token_fraction": cached / total if total else None}
 
 
 def _warn_cache(

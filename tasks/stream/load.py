@@ -120,7 +120,8 @@ async def run_level(
     ``-k{repeat}`` after the level when it is repeated (``settings.id_prefix``);
     ``settings.sessions``: measured ``i`` is a conversation (``converse``), its turns
     ``l{level}-r{i}.{turn}``, the semaphore held by its user from the first turn to the last
-    reply (think times included), a rate scheduling the first turns.
+    reply (think times included), a rate scheduling the first turns (a turn's ``input_tokens``
+    is the client's count, set where its tokenizer is: :class:`HistoryTokens`).
 
     ``settings.duration_s`` bounds the sending: a measured request whose arrival, or whose turn
     at the semaphore, comes ``duration_s`` or more after the first measured arrival is not sent
@@ -327,3 +328,32 @@ def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.
         connection.transport,
         connection.arrival_clock,
     )
+
+
+class HistoryTokens:
+    """The client's count of each conversation turn's prompt, set as the turn's ``input_tokens``
+    where the tokenizer is (``tasks.stream.multiproc``'s parent, after
+    ``tasks.stream.client.fill_output_tokens``): every message's content it sent, without the
+    chat template (as a single prompt's count): the session's earlier ``turn_tokens`` and the
+    replies' ``output_tokens``, then its own. A turn where a part is not known keeps what the
+    record has (the server's ``usage.prompt_tokens``, or None). Records of one session must
+    come in turn order (they do: a turn is sent after the previous one's record)."""
+
+    def __init__(self, settings: LevelSettings) -> None:
+        self.settings = settings
+        self.sent: dict[str, int | None] = {}  # session -> tokens of its messages so far
+
+    def fill(self, record: RequestRecord) -> None:
+        s = self.settings
+        if record.turn is None or record.session_id is None or not s.sessions:
+            return
+        session = s.sessions[(s.prompt_index(record.request_id) - s.warmup) % len(s.sessions)]
+        k, counts = record.turn - 1, session.turn_tokens or ()
+        own = counts[k] if k < len(counts) else None
+        before = 0 if k == 0 else self.sent.get(record.session_id)
+        if own is None or before is None:
+            self.sent[record.session_id] = None
+            return
+        record.input_tokens = before + own
+        replied = record.output_tokens
+        self.sent[record.session_id] = None if replied is None else before + own + replied

@@ -16,7 +16,8 @@ clock for the whole machine on Linux.
 Records are never lost: each process sends every record to the parent as soon as it finishes
 (a multiprocessing queue), and the parent hands it to ``on_record`` (the crash-safe journal)
 at once. The processes have no tokenizer: the parent counts output tokens of records without
-usage (``fill_output_tokens``) before anything sees them.
+usage (``fill_output_tokens``), and a conversation turn's prompt tokens
+(``tasks.stream.load.HistoryTokens``), before anything sees them.
 
 The level's client figures (``tasks.stream.quality.client_figures``) are taken over every
 process's records; the loop lag is the worst process's (largest p99; its flag set when any
@@ -45,7 +46,7 @@ from typing import Any
 from tasks.bare_main import bare_main
 from tasks.phases import mark
 from tasks.stream.client import fill_output_tokens
-from tasks.stream.load import LevelResult, connect, run_level
+from tasks.stream.load import HistoryTokens, LevelResult, connect, run_level
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
@@ -231,8 +232,11 @@ def run_level_processes(
     if not 1 <= processes <= settings.max_concurrency:
         raise ValueError("client_processes must lie between 1 and the level's max_concurrency")
 
+    history = HistoryTokens(settings)
+
     def keep(record: RequestRecord) -> None:
         fill_output_tokens(record, count_tokens)
+        history.fill(record)  # a conversation turn's prompt, by the client's count
         if on_record is not None:
             on_record(record)
 

@@ -36,6 +36,9 @@ from collections.abc import Sequence
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _LE = re.compile(r'le="([^"]+)"')
+#: Info gauges (value 1, the facts in their labels) whose one label is kept in the key, as
+#: ``NAME{LABEL="VALUE"}``: vLLM's cache block size (``tasks.cache.block_size_tokens``).
+INFO_LABELS = {"vllm:cache_config_info": "block_size"}
 QUANTILES = (50, 90, 99)
 
 #: server histogram (seconds) -> the client's metric (ms) it estimates. vLLM V1: TTFT and E2E
@@ -68,8 +71,10 @@ def parse(text: str) -> dict[str, float]:
     """Sample values of a Prometheus text page, summed over labels per metric name.
 
     A histogram's cumulative buckets are kept per bound, under the series name
-    ``NAME_bucket{le="BOUND"}`` (summed over the other labels). Comment lines and values that
-    are not finite are skipped.
+    ``NAME_bucket{le="BOUND"}`` (summed over the other labels); an info gauge of
+    :data:`INFO_LABELS` under ``NAME{LABEL="VALUE"}`` (e.g.
+    ``vllm:cache_config_info{block_size="16"}``). Comment lines and values that are not finite
+    are skipped.
     """
     totals: dict[str, float] = {}
     for line in text.splitlines():
@@ -84,6 +89,12 @@ def parse(text: str) -> dict[str, float]:
             if not bound:
                 continue
             name = f'{name}{{le="{bound.group(1)}"}}'
+        elif name in INFO_LABELS:
+            label = INFO_LABELS[name]
+            found = re.search(rf'[{{,]\s*{label}="([^"]*)"', match.group(2) or "")
+            if not found:
+                continue
+            name = f'{name}{{{label}="{found.group(1)}"}}'
         try:
             value = float(match.group(3))
         except ValueError:

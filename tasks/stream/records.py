@@ -59,9 +59,11 @@ class RequestRecord:
         usage_convention: for a usage with reasoning tokens, whether ``completion_tokens``
             includes them (``included``: OpenAI, vLLM), reports them apart (``separate``),
             ``unverified`` (no totals to decide by) or ``neither`` (flagged, not trusted).
-        cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` when sent (prompt tokens
-            the server's prefix cache supplied); usage_prompt_tokens: ``usage.prompt_tokens``
-            (the server's count, chat template included), beside the caller's ``input_tokens``.
+        cached_tokens: ``usage.prompt_tokens_details.cached_tokens`` when sent, else llama.cpp's
+            ``timings.cache_n`` (prompt tokens the server's prefix cache supplied);
+            usage_prompt_tokens: ``usage.prompt_tokens`` (else llama.cpp's ``cache_n +
+            prompt_n``: the server's count, chat template included), beside the caller's
+            ``input_tokens`` (a conversation turn's: the client's count of every message sent).
         output_text: all generated text, reasoning deltas included, in arrival order.
         tool_calls: the tool calls generated, ``{"index", "name", "arguments"}`` each, their
             fragments joined per ``tool_calls[].index`` (their chunks are text chunks).

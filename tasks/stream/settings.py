@@ -24,13 +24,16 @@ if TYPE_CHECKING:
 class Session:
     """One conversation (``tasks.workload.conversation``): its user turns in order, each
     turn's ``max_tokens`` (None entries / None: the level's), the think time in seconds after
-    each turn but the last (``think_s[k]`` after turn ``k + 1``'s reply; empty: none), and its
-    row in a file (1-based; None: synthetic)."""
+    each turn but the last (``think_s[k]`` after turn ``k + 1``'s reply; empty: none), its
+    row in a file (1-based; None: synthetic), and each user turn's token count by the client's
+    tokenizer (without special tokens; None: not counted), from which a turn's
+    ``input_tokens`` is the client's count of its whole history (``tasks.stream.load``)."""
 
     turns: tuple[str, ...]
     output_lens: tuple[int | None, ...] | None = None
     think_s: tuple[float, ...] = ()
     row: int | None = None
+    turn_tokens: tuple[int | None, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,10 @@ class LevelSettings:
             the other, each with the history of earlier turns and the replies the server gave:
             ``tasks.stream.load``); ``num_requests`` counts sessions, ``max_concurrency``
             users. None: single requests.
+        cache_block_size_tokens: the server's prefix-cache block size in tokens where its
+            metrics do not say it (``StreamConfig.cache_block_size_tokens``): the expected
+            share counts whole blocks (``tasks.cache.expected_cached_token_fraction``). None:
+            the server's ``vllm:cache_config_info``, else per-token reuse.
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat
     them as read-only.
@@ -113,6 +120,7 @@ class LevelSettings:
     sessions: tuple[Session, ...] | None = None
     repeats: int = 1
     repeat: int = 0
+    cache_block_size_tokens: int | None = None
 
     def __post_init__(self) -> None:  # lists from callers become tuples (frozen all through)
         object.__setattr__(self, "prompts", tuple(self.prompts))
@@ -263,5 +271,6 @@ def settings_from_config(cfg: StreamConfig, endpoint: Endpoint, workload: Any) -
         reset_cache=not cfg.keep_cache,
         sessions=workload.sessions,
         repeats=cfg.repeats,
+        cache_block_size_tokens=cfg.cache_block_size_tokens,
     )
     return level_settings(base, cfg.max_concurrency, cfg.request_rate)

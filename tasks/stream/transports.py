@@ -47,8 +47,12 @@ def new_state() -> dict[str, Any]:
     ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
     pooled one was reused) and ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
     handed to the kernel; 0 unknown), ``done`` (bool, ``[DONE]`` came; the openai transport
-    never sees it) and ``tool_calls`` (``{index: [name, arguments]}``, the tool-call fragments
-    joined per ``tool_calls[].index``: :func:`add_tool_calls`).
+    never sees it), ``tool_calls`` (``{index: [name, arguments]}``, the tool-call fragments
+    joined per ``tool_calls[].index``: :func:`add_tool_calls`) and ``timings`` (llama.cpp's own
+    server's ``timings`` object, e.g. ``cache_n`` prompt tokens taken from its cache, as sent on
+    its final chunk, ``choices: []`` since llama.cpp #16048, or on the chunk with the
+    ``finish_reason`` before; None: none sent). The final chunk's extras are read only on a
+    chunk without choices or with a ``finish_reason``: never on every chunk.
     """
     return {
         "arrivals_ns": [],
@@ -62,6 +66,7 @@ def new_state() -> dict[str, Any]:
         "sent_ns": 0,
         "done": False,
         "tool_calls": {},
+        "timings": None,
     }
 
 
@@ -227,10 +232,14 @@ async def receive_sse(
                                 rx.append(sock.stamp_at(position))
                         if choice.get("finish_reason") is not None:
                             state["finish_reason"] = choice["finish_reason"]
+                            if "timings" in event:  # llama.cpp's, on its last choice chunk
+                                state["timings"] = event["timings"]
                     else:
                         error = _event_error(event)
                         if error is not None:
                             raise error
+                        if "timings" in event:  # llama.cpp's final chunk, ``choices: []``
+                            state["timings"] = event["timings"]
                     usage = event.get("usage")
                     if usage:
                         state["usage"] = usage
@@ -262,6 +271,13 @@ def connection_trace() -> aiohttp.TraceConfig:
     trace.on_connection_create_start.append(_on_connect_start)
     trace.on_connection_create_end.append(_on_connect_end)
     return trace
+
+
+def _keep_timings(chunk: Any, state: dict[str, Any]) -> None:
+    """llama.cpp's ``timings`` of an openai-client chunk (an extra field) into ``state``."""
+    timings = (chunk.model_extra or {}).get("timings")
+    if timings is not None:
+        state["timings"] = timings
 
 
 async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, Any]) -> None:
@@ -298,8 +314,11 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
                     parts.append(text)
                 if choice.finish_reason is not None:
                     state["finish_reason"] = choice.finish_reason
+                    _keep_timings(chunk, state)
             elif getattr(chunk, "object", None) == "error":
                 raise _in_stream_error(chunk)
+            else:  # llama.cpp's final chunk, ``choices: []``
+                _keep_timings(chunk, state)
             if chunk.usage is not None:
                 state["usage"] = chunk.usage
     finally:

@@ -41,15 +41,21 @@ THINK_TIME_DISTS = ("fixed", "exponential")
 def synthetic_sessions(
     tokenizer: Any, count: int, turns: int, input_len: int, seed: int
 ) -> tuple[Session, ...]:
-    """``count`` sessions of ``turns`` user turns of ``input_len`` random tokens each.
+    """``count`` sessions of ``turns`` user turns of ``input_len`` random tokens each (each
+    turn's true count in ``turn_tokens``).
 
     Raises:
         ValueError: ``count``, ``turns`` or ``input_len`` below 1.
     """
     if count < 1 or turns < 1 or input_len < 1:
         raise ValueError("count, turns and input_len must be >= 1")
-    texts, _ = synthetic_prompts(tokenizer, input_len, count * turns, seed)
-    return tuple(Session(tuple(texts[i * turns : (i + 1) * turns])) for i in range(count))
+    texts, counts = synthetic_prompts(tokenizer, input_len, count * turns, seed)
+    return tuple(
+        Session(
+            tuple(texts[i * turns : (i + 1) * turns]), turn_tokens=tuple(counts[i * turns : (i + 1) * turns])
+        )
+        for i in range(count)
+    )
 
 
 def read_sessions(path: str | Path, tokenizer: Any, count: int, seed: int = 0) -> tuple[Session, ...]:
@@ -96,7 +102,8 @@ def read_sessions(path: str | Path, tokenizer: Any, count: int, seed: int = 0) -
             elif speaker in MODEL_ROLES and asked and lens[-1] is None:
                 lens[-1] = len(tokenizer.encode(turn["value"], add_special_tokens=False)) or None
         if asked:
-            sessions.append(Session(tuple(asked), tuple(lens), number))
+            counts = tuple(len(tokenizer.encode(text, add_special_tokens=False)) for text in asked)
+            sessions.append(Session(tuple(asked), tuple(lens), number, turn_tokens=counts))
     if not sessions:
         raise DatasetError(f"{where}: no row holds a non-empty human turn; {fix}")
     random.Random(seed).shuffle(sessions)

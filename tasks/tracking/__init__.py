@@ -383,12 +383,12 @@ class Tracker:
         return run_page_url(self.tracking_uri, self._experiment_id, run_id) if self.enabled else None
 
     def ui_command(self) -> str:
-        """The command that opens the MLflow UI on this store (``tracking_values.ui_command``)."""
+        """The command that opens the MLflow UI on this store (``tasks.tracking.values.ui_command``)."""
         return ui_command(self.tracking_uri or default_tracking_uri())
 
     def runs_url(self) -> str | None:
         """The experiment's runs table in the MLflow UI's classic view
-        (``tracking_values.runs_table_url``); None when tracking is off or the experiment is not
+        (``tasks.tracking.values.runs_table_url``); None when tracking is off or the experiment is not
         known (offline)."""
         if not (self.enabled and self._experiment_id):
             return None

@@ -17,22 +17,21 @@ from pathlib import Path
 import pytest
 
 from tasks.config import StreamConfig
-from tasks.stream.client import build_request, stream_chat
+from tasks.stream.client import build_request
 from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import LevelSettings
 
 try:
     from tests import groundtruth_server as gt
+    from tests import one_request
+    from tests.one_request import TOL_MS
 except ImportError:
     import groundtruth_server as gt
+    import one_request
+    from one_request import TOL_MS
 
-TOL_MS = 60.0
 BIN = Path(sys.executable).parent / "infermeter"
-
-
-def words(text: str) -> int:
-    return len(text.split())
 
 
 @pytest.fixture(scope="module")
@@ -46,21 +45,9 @@ def transport(request) -> str:
     return request.param
 
 
-def measure(base_url: str, model: str, *, transport: str = "aiohttp", api: str = "completions", **kwargs):
-    """One completions request with a fresh client, after a warm-up on the same connection."""
-
-    async def main() -> RequestRecord:
-        client = make_client(base_url, "sk-x", 10.0, 1, transport)
-        try:
-            await stream_chat(
-                client, model="single", prompt="w", max_tokens=4, count_tokens=words, request_id="w", api=api
-            )
-            options = {"prompt": "hi", "max_tokens": 16, "count_tokens": words, "request_id": model, **kwargs}
-            return await stream_chat(client, model=model, api=api, **options)
-        finally:
-            await client.close()
-
-    return asyncio.run(main())
+def measure(base_url: str, model: str, *, api: str = "completions", **kwargs) -> RequestRecord:
+    """One completions request with a fresh client, after a warm-up on the same connection. (tests/one_request.py)"""
+    return one_request.measure(base_url, model, api=api, **kwargs)
 
 
 def test_schedule_same_definitions_as_chat(server, transport) -> None:

@@ -41,7 +41,7 @@ import openai
 
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
 from tasks.stream.rxclock import socket_of
-from tasks.stream.transports import _event_error, _request_body, _shape_error, _status_error
+from tasks.stream.transports import SSEFramer, _event_error, _request_body, _shape_error, _status_error
 from tasks.stream.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
@@ -180,29 +180,12 @@ async def receive_responses(
             if sock is not None:
                 state["sent_ns"] = sock.sent_ns
                 sock.attach(response.content)
-            pending = b""
-            data_lines: list[bytes] = []
-            consumed = 0  # body bytes handed to this loop so far
+            framer = SSEFramer()
             async for block in response.content.iter_any():
                 now_ns = perf()
                 if sock is not None:
                     sock.mark()  # the read now being handled: its body bytes end here
-                position = consumed - len(pending) - 1  # body offset of the current line's "\n"
-                consumed += len(block)
-                lines = (pending + block).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    position += len(line) + 1
-                    if line.endswith(b"\r"):
-                        line = line[:-1]
-                    if line:
-                        if line.startswith(b"data:"):
-                            data_lines.append(line[6:] if line[5:6] == b" " else line[5:])
-                        continue
-                    if not data_lines:
-                        continue
-                    payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
-                    data_lines = []
+                for position, payload in framer.feed(block):
                     if payload == b"[DONE]":  # not the Responses API's; harmless
                         continue
                     event = loads(payload)

@@ -144,6 +144,45 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
     return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
+class SSEFramer:
+    """Server-sent events framing of a body read in blocks (WHATWG HTML, "Server-sent events"):
+    events end with a blank line; ``data:`` lines (one optional space after the colon) carry the
+    payload, joined by ``\n`` when there are several; other lines (comments ``:``, ``event:``)
+    are skipped; ``\r\n`` line ends are accepted. Shared by :func:`receive_sse` and
+    :func:`tasks.stream.responses.receive_responses`, on their hot path: one call per network
+    read, no per-event generator."""
+
+    __slots__ = ("_consumed", "_data", "_pending")
+
+    def __init__(self) -> None:
+        self._pending = b""  # the last, unfinished line
+        self._data: list[bytes] = []  # the data lines of the event being read
+        self._consumed = 0  # body bytes fed so far
+
+    def feed(self, block: bytes) -> list[tuple[int, bytes]]:
+        """The events that ``block`` (the body's next bytes) completes: ``(position, payload)``,
+        ``position`` the body offset (bytes) of the ``\n`` that ended the event (for
+        ``tasks.stream.rxclock``'s ``stamp_at``), ``payload`` its data (bytes)."""
+        pending, data = self._pending, self._data
+        position = self._consumed - len(pending) - 1  # body offset of the current line's "\n"
+        self._consumed += len(block)
+        lines = (pending + block).split(b"\n")
+        self._pending = lines.pop()
+        events = []
+        for line in lines:
+            position += len(line) + 1
+            if line.endswith(b"\r"):
+                line = line[:-1]
+            if line:
+                if line.startswith(b"data:"):
+                    data.append(line[6:] if line[5:6] == b" " else line[5:])
+                continue
+            if data:
+                events.append((position, data[0] if len(data) == 1 else b"\n".join(data)))
+                data.clear()
+        return events
+
+
 async def receive_sse(
     session: aiohttp.ClientSession,
     url: str,
@@ -175,29 +214,12 @@ async def receive_sse(
             if sock is not None:
                 state["sent_ns"] = sock.sent_ns
                 sock.attach(response.content)
-            pending = b""
-            data_lines: list[bytes] = []
-            consumed = 0  # body bytes handed to this loop so far
+            framer = SSEFramer()
             async for block in response.content.iter_any():
                 now_ns = perf()
                 if sock is not None:
                     sock.mark()  # the read now being handled: its body bytes end here
-                position = consumed - len(pending) - 1  # body offset of the current line's "\n"
-                consumed += len(block)
-                lines = (pending + block).split(b"\n")
-                pending = lines.pop()
-                for line in lines:
-                    position += len(line) + 1
-                    if line.endswith(b"\r"):
-                        line = line[:-1]
-                    if line:
-                        if line.startswith(b"data:"):
-                            data_lines.append(line[6:] if line[5:6] == b" " else line[5:])
-                        continue
-                    if not data_lines:
-                        continue
-                    payload = data_lines[0] if len(data_lines) == 1 else b"\n".join(data_lines)
-                    data_lines = []
+                for position, payload in framer.feed(block):
                     if payload == b"[DONE]":
                         state["done"] = True
                         continue

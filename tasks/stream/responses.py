@@ -36,12 +36,9 @@ import time
 from typing import Any
 
 import aiohttp
-import httpx2
-import openai
 
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
-from tasks.stream.rxclock import socket_of
-from tasks.stream.transports import SSEFramer, _event_error, _request_body, _shape_error, _status_error
+from tasks.stream.transports import SSEFramer, _event_error, _shape_error, sse_body
 from tasks.stream.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
@@ -168,60 +165,41 @@ async def receive_responses(
     arrivals, rx, parts, calls = state["arrivals_ns"], state["rx_ns"], state["parts"], state["tool_calls"]
     loads = json.loads
     text_events = TEXT_EVENTS
-    sock = None
-    try:
-        async with session.post(
-            url, data=json.dumps(_request_body(kwargs)), headers=headers, trace_request_ctx=state
-        ) as response:
-            if response.status != 200:
-                raise _status_error(url, response.status, response.headers, await response.read())
-            state["in_stream"] = True
-            sock = socket_of(response.connection.transport if response.connection else None)
+    async with sse_body(session, url, headers, kwargs, state) as (content, sock):
+        framer = SSEFramer()
+        async for block in content.iter_any():
+            now_ns = perf()
             if sock is not None:
-                state["sent_ns"] = sock.sent_ns
-                sock.attach(response.content)
-            framer = SSEFramer()
-            async for block in response.content.iter_any():
-                now_ns = perf()
-                if sock is not None:
-                    sock.mark()  # the read now being handled: its body bytes end here
-                for position, payload in framer.feed(block):
-                    if payload == b"[DONE]":  # not the Responses API's; harmless
-                        continue
-                    event = loads(payload)
-                    state["chunks"] += 1
-                    if not isinstance(event, dict):
-                        raise _shape_error("the data line is not a JSON object", payload)
-                    kind = event.get("type")
-                    if kind in text_events:
-                        text = event.get("delta")
-                        if isinstance(text, str) and text:
-                            arrivals.append(now_ns)
-                            parts.append(text)
-                            if sock is not None:  # the read that delivered the blank line
-                                rx.append(sock.stamp_at(position))
-                    elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
-                        if _call_piece(kind, event, calls):
-                            arrivals.append(now_ns)
-                            parts.append("")
-                            if sock is not None:
-                                rx.append(sock.stamp_at(position))
-                    elif kind == _COMPLETED or kind == _INCOMPLETE:
-                        _finish(kind, event, state)
-                    elif kind == _FAILED or kind == "error":
-                        raise _failure(kind, event)
-                    elif kind is None:
-                        error = _event_error(event)  # a chat-style error object
-                        if error is not None:
-                            raise error
-    except (aiohttp.ClientError, OSError) as exc:
-        request = httpx2.Request("POST", url)
-        if isinstance(exc, TimeoutError):
-            raise openai.APITimeoutError(request=request) from exc
-        raise openai.APIConnectionError(message=str(exc), request=request) from exc
-    finally:
-        if sock is not None:
-            sock.detach()
+                sock.mark()  # the read now being handled: its body bytes end here
+            for position, payload in framer.feed(block):
+                if payload == b"[DONE]":  # not the Responses API's; harmless
+                    continue
+                event = loads(payload)
+                state["chunks"] += 1
+                if not isinstance(event, dict):
+                    raise _shape_error("the data line is not a JSON object", payload)
+                kind = event.get("type")
+                if kind in text_events:
+                    text = event.get("delta")
+                    if isinstance(text, str) and text:
+                        arrivals.append(now_ns)
+                        parts.append(text)
+                        if sock is not None:  # the read that delivered the blank line
+                            rx.append(sock.stamp_at(position))
+                elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
+                    if _call_piece(kind, event, calls):
+                        arrivals.append(now_ns)
+                        parts.append("")
+                        if sock is not None:
+                            rx.append(sock.stamp_at(position))
+                elif kind == _COMPLETED or kind == _INCOMPLETE:
+                    _finish(kind, event, state)
+                elif kind == _FAILED or kind == "error":
+                    raise _failure(kind, event)
+                elif kind is None:
+                    error = _event_error(event)  # a chat-style error object
+                    if error is not None:
+                        raise error
     if not state["done"]:
         raise _cut(state)
 

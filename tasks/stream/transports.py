@@ -23,8 +23,10 @@ p99 grows to ~0.1 s / ~1 s, while aiohttp with a byte-level SSE parser stays wit
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -183,6 +185,48 @@ class SSEFramer:
         return events
 
 
+@contextlib.asynccontextmanager
+async def sse_body(
+    session: aiohttp.ClientSession,
+    url: str,
+    headers: dict[str, str],
+    kwargs: dict[str, Any],
+    state: dict[str, Any],
+) -> AsyncIterator[tuple[aiohttp.StreamReader, Any]]:
+    """POST ``kwargs`` (:func:`tasks.stream.client.build_request`'s, as the openai client would
+    send them) to ``url`` and yield ``(body, sock)`` once the status is 200: the body's
+    ``aiohttp.StreamReader`` and the kernel receive clock's socket attached to it
+    (``tasks.stream.rxclock``; None where it cannot be had). Sets ``state["in_stream"]`` and
+    ``state["sent_ns"]``. The receive loops of :func:`receive_sse` and
+    ``tasks.stream.responses.receive_responses`` read inside it.
+
+    Raises: ``openai.APIStatusError`` for a status other than 200; ``openai.APITimeoutError`` /
+    ``APIConnectionError`` for a transport failure, while posting or reading (as the openai
+    client raises them).
+    """
+    sock = None
+    try:
+        async with session.post(
+            url, data=json.dumps(_request_body(kwargs)), headers=headers, trace_request_ctx=state
+        ) as response:
+            if response.status != 200:
+                raise _status_error(url, response.status, response.headers, await response.read())
+            state["in_stream"] = True
+            sock = socket_of(response.connection.transport if response.connection else None)
+            if sock is not None:
+                state["sent_ns"] = sock.sent_ns
+                sock.attach(response.content)
+            yield response.content, sock
+    except (aiohttp.ClientError, OSError) as exc:
+        request = httpx2.Request("POST", url)
+        if isinstance(exc, TimeoutError):
+            raise openai.APITimeoutError(request=request) from exc
+        raise openai.APIConnectionError(message=str(exc), request=request) from exc
+    finally:
+        if sock is not None:
+            sock.detach()
+
+
 async def receive_sse(
     session: aiohttp.ClientSession,
     url: str,
@@ -202,77 +246,56 @@ async def receive_sse(
     perf = time.perf_counter_ns
     arrivals, rx, parts = state["arrivals_ns"], state["rx_ns"], state["parts"]
     loads = json.loads
-    sock = None
-    try:
-        async with session.post(
-            url, data=json.dumps(_request_body(kwargs)), headers=headers, trace_request_ctx=state
-        ) as response:
-            if response.status != 200:
-                raise _status_error(url, response.status, response.headers, await response.read())
-            state["in_stream"] = True
-            sock = socket_of(response.connection.transport if response.connection else None)
+    async with sse_body(session, url, headers, kwargs, state) as (content, sock):
+        framer = SSEFramer()
+        async for block in content.iter_any():
+            now_ns = perf()
             if sock is not None:
-                state["sent_ns"] = sock.sent_ns
-                sock.attach(response.content)
-            framer = SSEFramer()
-            async for block in response.content.iter_any():
-                now_ns = perf()
-                if sock is not None:
-                    sock.mark()  # the read now being handled: its body bytes end here
-                for position, payload in framer.feed(block):
-                    if payload == b"[DONE]":
-                        state["done"] = True
-                        continue
-                    event = loads(payload)
-                    state["chunks"] += 1
-                    if not isinstance(event, dict):
-                        raise _shape_error("the data line is not a JSON object", payload)
-                    choices = event.get("choices")
-                    if choices:
-                        choice = choices[0] if isinstance(choices, list) else None
-                        if not isinstance(choice, dict):
-                            raise _shape_error("choices[0] is not an object", payload)
-                        delta = choice.get("delta")
-                        called = False
-                        if isinstance(delta, dict):
-                            text = (
-                                delta.get("content")
-                                or delta.get("reasoning_content")
-                                or delta.get("reasoning")
-                            )
-                            calls = delta.get("tool_calls")
-                            if calls:
-                                called = add_tool_calls(calls, state["tool_calls"])
-                        else:  # /completions: choices[].text
-                            text = choice.get("text")
-                        if not isinstance(text, str):
-                            text = ""
-                        if text or called:
-                            arrivals.append(now_ns)
-                            parts.append(text)
-                            if sock is not None:  # the read that delivered the blank line
-                                rx.append(sock.stamp_at(position))
-                        if choice.get("finish_reason") is not None:
-                            state["finish_reason"] = choice["finish_reason"]
-                            if "timings" in event:  # llama.cpp's, on its last choice chunk
-                                state["timings"] = event["timings"]
-                    else:
-                        error = _event_error(event)
-                        if error is not None:
-                            raise error
-                        if "timings" in event:  # llama.cpp's final chunk, ``choices: []``
+                sock.mark()  # the read now being handled: its body bytes end here
+            for position, payload in framer.feed(block):
+                if payload == b"[DONE]":
+                    state["done"] = True
+                    continue
+                event = loads(payload)
+                state["chunks"] += 1
+                if not isinstance(event, dict):
+                    raise _shape_error("the data line is not a JSON object", payload)
+                choices = event.get("choices")
+                if choices:
+                    choice = choices[0] if isinstance(choices, list) else None
+                    if not isinstance(choice, dict):
+                        raise _shape_error("choices[0] is not an object", payload)
+                    delta = choice.get("delta")
+                    called = False
+                    if isinstance(delta, dict):
+                        text = (
+                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                        )
+                        calls = delta.get("tool_calls")
+                        if calls:
+                            called = add_tool_calls(calls, state["tool_calls"])
+                    else:  # /completions: choices[].text
+                        text = choice.get("text")
+                    if not isinstance(text, str):
+                        text = ""
+                    if text or called:
+                        arrivals.append(now_ns)
+                        parts.append(text)
+                        if sock is not None:  # the read that delivered the blank line
+                            rx.append(sock.stamp_at(position))
+                    if choice.get("finish_reason") is not None:
+                        state["finish_reason"] = choice["finish_reason"]
+                        if "timings" in event:  # llama.cpp's, on its last choice chunk
                             state["timings"] = event["timings"]
-                    usage = event.get("usage")
-                    if usage:
-                        state["usage"] = usage
-    except (aiohttp.ClientError, OSError) as exc:
-        request = httpx2.Request("POST", url)
-        if isinstance(exc, TimeoutError):
-            raise openai.APITimeoutError(request=request) from exc
-        raise openai.APIConnectionError(message=str(exc), request=request) from exc
-    finally:
-        if sock is not None:
-            sock.detach()
+                else:
+                    error = _event_error(event)
+                    if error is not None:
+                        raise error
+                    if "timings" in event:  # llama.cpp's final chunk, ``choices: []``
+                        state["timings"] = event["timings"]
+                usage = event.get("usage")
+                if usage:
+                    state["usage"] = usage
 
 
 async def _on_connect_start(_session: Any, context: Any, _params: Any) -> None:

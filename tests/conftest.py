@@ -36,6 +36,7 @@ def shared_prefect_api(tmp_path_factory):
 
     from flows.commands.prefect_api import local_api_url
     from flows.prefect_server import stop_server
+    from tests.prefect_home import save_template
 
     home = tmp_path_factory.mktemp("prefect-home")
     previous = {name: os.environ.get(name) for name in ("PREFECT_HOME", "PREFECT_API_URL")}
@@ -47,6 +48,7 @@ def shared_prefect_api(tmp_path_factory):
         with temporary_settings(updates={PREFECT_HOME: str(home)}, restore_defaults={PREFECT_API_URL}):
             url = local_api_url()
             os.environ["PREFECT_API_URL"] = url
+            save_template(home, tmp_path_factory.getbasetemp() / "prefect-template.db")
             with temporary_settings(updates={PREFECT_API_URL: url}):
                 yield url
     finally:

@@ -19,6 +19,7 @@ import psutil
 import pytest
 
 from flows.prefect_server import running_server, stop_server
+from tests.prefect_home import migrated_home
 
 try:
     from tests import groundtruth_server as gt
@@ -35,11 +36,13 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-def _env(tmp_path: Path, idle_s: str = "120") -> dict[str, str]:
-    """A command's environment without the session's PREFECT_API_URL: its own PREFECT_HOME."""
+def _env(tmp_path: Path, idle_s: str = "120", migrated: bool = True) -> dict[str, str]:
+    """A command's environment without the session's PREFECT_API_URL: its own PREFECT_HOME,
+    with a migrated database unless ``migrated`` is False (tests/prefect_home.py)."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    home = tmp_path / "prefect"
     env.update(
-        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_HOME=str(migrated_home(home) if migrated else home),
         INFERMETER_WORK_DIR=str(tmp_path / "w"),
         INFERMETER_PREFECT_IDLE_S=idle_s,
     )
@@ -75,7 +78,13 @@ def test_commands_share_one_server_that_records_every_flow_run(server, tmp_path)
     home = tmp_path / "prefect"
     args = _stream(server, "--num-requests", "2", "--max-concurrency", "1", "--no-track")
     both = [
-        subprocess.Popen(args, env=_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            args,
+            env=_env(tmp_path, migrated=False),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outputs = [proc.communicate(timeout=300) for proc in both]

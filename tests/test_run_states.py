@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from tasks.profile.grid import profile_points
+from tests.prefect_home import migrated_home
 
 try:
     from tests import groundtruth_server as gt
@@ -39,7 +40,7 @@ def _start(args: list[str], tmp_path: Path, env: dict | None = None) -> tuple[su
     """The command in its own session (a signal to it reaches only it), output to a log."""
     full_env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     full_env.update(
-        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_HOME=str(migrated_home(tmp_path / "prefect")),
         INFERMETER_WORK_DIR=str(tmp_path / "w"),
         INFERMETER_PREFECT_IDLE_S="0",  # the command's own temporary Prefect server, to watch it go
         **(env or {}),

@@ -31,6 +31,7 @@ from tasks.stream.records import RecordWriter, read_jsonl
 from tasks.stream.settings import Connection, LevelSettings
 from tasks.workload.prompts import PromptsError, read_prompts_file, synthetic_prompts
 from tasks.workload.stage import StageWorkload
+from tests.prefect_home import migrated_home
 
 try:
     from tests import groundtruth_server as gt
@@ -570,7 +571,7 @@ def test_ctrl_c_keeps_the_records_and_exits_in_seconds(server, tmp_path) -> None
     it before the interrupted run is reported)."""
     env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
     env.update(
-        PREFECT_HOME=str(tmp_path / "prefect"),
+        PREFECT_HOME=str(migrated_home(tmp_path / "prefect")),
         INFERMETER_WORK_DIR=str(tmp_path / "w"),
         INFERMETER_PREFECT_IDLE_S="0",  # the temporary server this test watches go
     )

@@ -148,6 +148,10 @@ def parent_run(
     workdir = new_workdir(flow_name)  # first: it holds the tracking journal should the server go
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track, journal=str(workdir))
     tracker = target.open()
+    # the tags first (git, package versions, NVML: 0.3 s here): a tracking writer is still
+    # importing MLflow, and close_abandoned waits for it
+    all_tags = _tags(flow_name, tags or {})
+    all_tags["config_name"] = run_name
     for gone in tracker.close_abandoned():  # runs a SIGKILLed command could not end
         logger.warning(
             "MLflow run %s (%s) was left RUNNING by a process that is gone: marked KILLED; its "
@@ -156,8 +160,6 @@ def parent_run(
             gone["name"],
             gone["records_folder"] or "(no records folder)",
         )
-    all_tags = _tags(flow_name, tags or {})
-    all_tags["config_name"] = run_name
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)
     run_id = real_run_id(tracker, run_id)  # (a tracking writer's stand-in until created: the log names it)
     tracker.log_params(run_id, flatten_params(dict(params)))

@@ -45,6 +45,7 @@ from flows.commands.options import (
     WarmupOption,
 )
 from flows.commands.stream_tables import print_cache, print_turns
+from flows.commands.stream_writer import start_stream_writer
 from flows.commands.tables import console, fmt_interval, fmt_value, make_table, print_run_links
 from flows.commands.workload import (
     KeepCacheOption,
@@ -270,8 +271,8 @@ def command(
         prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns)),
         num_requests_given=num_requests_given,
     )
-    if cfg.tracking.enabled and not no_track:
-        start_tracking_writer()
+    if cfg.tracking.enabled and not no_track:  # (started already by flows.commands.app.main)
+        start_stream_writer()
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 
@@ -295,15 +296,6 @@ def command(
                 err=True,
             )
         raise typer.Exit(1)
-
-
-def start_tracking_writer() -> None:
-    """Start the process that will do the run's MLflow writes and plots
-    (``tasks.tracking.writer``): its imports (MLflow, the store, matplotlib, the level files'
-    modules) run while this process checks the endpoint and starts Prefect."""
-    from tasks.tracking import writer as tracking_writer
-
-    tracking_writer.start(("tasks.report.plots:_pyplot", "tasks.pipeline.stream_files"))
 
 
 def print_levels(levels: list[dict]) -> None:

@@ -207,7 +207,9 @@ def _serve(requests: Connection, replies: Connection, preload: list[str]) -> Non
         if message is None:
             writer.end_orphaned_runs()
             return
+        mark(f"call:{message[0]}:{message[2]}")
         writer.run(message)
+        mark("call_done")
         if inbox.empty():
             mark("writer_idle")
 

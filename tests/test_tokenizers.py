@@ -270,3 +270,20 @@ def test_a_folder_the_backend_cannot_mirror_goes_to_transformers(tmp_path) -> No
     for extra in ({"clean_up_tokenization_spaces": True}, {"add_prefix_space": True}):
         (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, **extra}))
         assert BackendTokenizer.load(tmp_path) is None, extra
+
+
+def test_a_files_sha256_is_kept_until_the_file_changes(tmp_path) -> None:
+    import hashlib
+
+    from tasks.filehash import cached_sha256
+
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"a" * 1000)
+    memos = tmp_path / "sha256"
+    assert cached_sha256(model, memos) == hashlib.sha256(b"a" * 1000).hexdigest()
+    (memo,) = memos.iterdir()
+    memo.write_text("f" * 64)  # the kept digest is what a second call returns: no hash
+    assert cached_sha256(model, memos) == "f" * 64
+    model.write_bytes(b"b" * 1000)  # same size, new contents and mtime
+    os.utime(model, ns=(1, 2))
+    assert cached_sha256(model, memos) == hashlib.sha256(b"b" * 1000).hexdigest()

@@ -47,9 +47,10 @@ import openai
 
 from tasks.stream import rxclock
 from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
+from tasks.stream.level_result import fill_output_tokens
 from tasks.stream.records import RequestRecord
 from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
-from tasks.stream.timing import chunk_timing, tpot_ms
+from tasks.stream.timing import chunk_timing
 from tasks.stream.transports import connection_trace, new_state, receive_openai, receive_sse
 from tasks.stream.usage import read_usage
 
@@ -297,22 +298,6 @@ async def stream_chat(
             error_class=BAD_PAYLOAD,
             error_message=f"the stream could not be read into a record: {type(exc).__name__}: {exc}",
         )
-
-
-def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int] | None) -> None:
-    """Count the output by the tokenizer when the server's usage gave no trusted count, then
-    set TPOT.
-
-    ``output_tokens`` already set (from usage) is kept; otherwise, with generated text
-    (``RequestRecord.generated_text``: tool calls included) and a tokenizer, its count with
-    source ``tokenizer``. ``tpot_ms`` by :func:`tasks.stream.timing.tpot_ms`. Used after the
-    stream (never inside the receive loop) and by the parent of client processes.
-    """
-    text = record.generated_text
-    if record.output_tokens is None and text and count_tokens is not None:
-        record.output_tokens = int(count_tokens(text))
-        record.output_tokens_source = "tokenizer"
-    record.tpot_ms = tpot_ms(record.ttft_ms, record.e2e_ms, record.output_tokens, record.token_offsets_ms)
 
 
 def _read_timings(record: RequestRecord, timings: Any) -> None:

@@ -20,9 +20,12 @@ import json
 import re
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 import httpx2
-import openai
+
+if TYPE_CHECKING:
+    import openai
 
 AUTH = "auth"  #: HTTP 401 / 403
 NOT_FOUND = "not_found"  #: HTTP 404 (model or path)
@@ -211,6 +214,10 @@ def classify(
 def _classify(
     exc: BaseException, *, api_key_env: str | None, model: str | None, in_stream: bool
 ) -> tuple[str, str]:
+    # imported here: the command's own process classifies no request, and openai's import
+    # (0.5 s) would sit on its path (tasks.stream.level_result)
+    import openai
+
     if isinstance(exc, StreamError):
         return exc.error_class, exc.message
     if isinstance(exc, openai.APIStatusError):

@@ -36,7 +36,7 @@ from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
 from tasks.stream.gauges import GaugeSample, GaugeSampler
-from tasks.stream.load import LevelResult
+from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
 from tasks.stream.quality import distinct_texts, rate_text
 from tasks.stream.records import RequestRecord

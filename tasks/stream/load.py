@@ -22,8 +22,6 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any
 
 import httpx2
 import openai
@@ -31,36 +29,12 @@ import openai
 from tasks.stream import rxclock
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.lag import LoopLagProbe
+from tasks.stream.level_result import LevelResult
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings, level_grid, session_max_tokens
 
-__all__ = ["LevelResult", "arrival_offsets_s", "connect", "level_grid", "make_client", "run_level"]
-
-
-@dataclass
-class LevelResult:
-    """What running one level gave, before aggregation (``tasks.stream.levels.Level`` is the
-    finished level): its records (warm-up included, flagged), wall time in seconds, and the
-    client's figures (``tasks.stream.quality.client_figures``: ``arrival_clock``,
-    ``client_bound``, ``coalesced_event_fraction``, ``client_loop_lag_ms_p99``, ...) with the raw
-    parts they came from (``lag``, ``cpu_s``, ``offset_drift_ns``)."""
-
-    level: int
-    max_concurrency: int
-    request_rate: float | None = None
-    records: list[RequestRecord] = field(default_factory=list)
-    wall_s: float = 0.0
-    client: dict[str, Any] = field(default_factory=dict)
-    last_done_ns: int = 0  #: perf_counter_ns when the last measured request finished
-    lag: dict[str, Any] = field(default_factory=dict)  #: the loop-lag probe's metrics
-    cpu_s: float | None = None  #: the client's CPU seconds over the measured part
-    offset_drift_ns: int | None = None  #: CLOCK_REALTIME - CLOCK_MONOTONIC, end minus start
-
-    @property
-    def measured(self) -> list[RequestRecord]:
-        """The non-warm-up records."""
-        return [r for r in self.records if not r.warmup]
+__all__ = ["arrival_offsets_s", "connect", "level_grid", "make_client", "run_level"]
 
 
 def arrival_offsets_s(
@@ -121,7 +95,7 @@ async def run_level(
     ``settings.sessions``: measured ``i`` is a conversation (``converse``), its turns
     ``l{level}-r{i}.{turn}``, the semaphore held by its user from the first turn to the last
     reply (think times included), a rate scheduling the first turns (a turn's ``input_tokens``
-    is the client's count, set where its tokenizer is: :class:`HistoryTokens`).
+    is the client's count, set where its tokenizer is: :class:`tasks.stream.level_result.HistoryTokens`).
 
     ``settings.duration_s`` bounds the sending: a measured request whose arrival, or whose turn
     at the semaphore, comes ``duration_s`` or more after the first measured arrival is not sent
@@ -328,32 +302,3 @@ def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.
         connection.transport,
         connection.arrival_clock,
     )
-
-
-class HistoryTokens:
-    """The client's count of each conversation turn's prompt, set as the turn's ``input_tokens``
-    where the tokenizer is (``tasks.stream.multiproc``'s parent, after
-    ``tasks.stream.client.fill_output_tokens``): every message's content it sent, without the
-    chat template (as a single prompt's count): the session's earlier ``turn_tokens`` and the
-    replies' ``output_tokens``, then its own. A turn where a part is not known keeps what the
-    record has (the server's ``usage.prompt_tokens``, or None). Records of one session must
-    come in turn order (they do: a turn is sent after the previous one's record)."""
-
-    def __init__(self, settings: LevelSettings) -> None:
-        self.settings = settings
-        self.sent: dict[str, int | None] = {}  # session -> tokens of its messages so far
-
-    def fill(self, record: RequestRecord) -> None:
-        s = self.settings
-        if record.turn is None or record.session_id is None or not s.sessions:
-            return
-        session = s.sessions[(s.prompt_index(record.request_id) - s.warmup) % len(s.sessions)]
-        k, counts = record.turn - 1, session.turn_tokens or ()
-        own = counts[k] if k < len(counts) else None
-        before = 0 if k == 0 else self.sent.get(record.session_id)
-        if own is None or before is None:
-            self.sent[record.session_id] = None
-            return
-        record.input_tokens = before + own
-        replied = record.output_tokens
-        self.sent[record.session_id] = None if replied is None else before + own + replied

@@ -45,8 +45,7 @@ from typing import Any
 
 from tasks.bare_main import bare_main
 from tasks.phases import mark
-from tasks.stream.client import fill_output_tokens
-from tasks.stream.load import HistoryTokens, LevelResult, connect, run_level
+from tasks.stream.level_result import HistoryTokens, LevelResult, fill_output_tokens
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
@@ -91,14 +90,14 @@ _SERVER_ENVIRON: dict[str, str] | None = None
 
 def client_context() -> Any:
     """The ``multiprocessing`` context client processes start from: ``forkserver`` with this
-    module preloaded (Linux), else ``spawn``. The fork server is a clean process (no threads,
+    module and the client's (``tasks.stream.load``) preloaded (Linux), else ``spawn``. The fork server is a clean process (no threads,
     no event loop, no CUDA) that this command started, so forking from it is safe; it exits
     when the command does (its ``alive`` pipe reads EOF, SIGKILL included), and its children
     with it (:func:`_exit_with_parent`)."""
     if not _LINUX:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
+    ctx.set_forkserver_preload([__name__, "tasks.stream.load"])
     return ctx
 
 
@@ -170,6 +169,10 @@ def _child(
     started in), run the warm-up when given one (on the connection the level then reuses),
     report ready, wait for the start instant, run its share. (Its environment is the
     command's: :func:`start_fork_server`.)"""
+    # the transport (openai, aiohttp) is imported here, in the client process (the fork
+    # server has it preloaded: client_context), never in the command's own process
+    from tasks.stream.load import connect, run_level
+
     if os.getcwd() != cwd:
         os.chdir(cwd)
 

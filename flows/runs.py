@@ -29,7 +29,7 @@ from tasks.environment import TORCH_FLOWS, environment_tags
 from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
 from tasks.tracking.run_owner import start_runs_lifeline
-from tasks.tracking.writer import flush, real_run_id
+from tasks.tracking.writer import STAND_IN, close_abandoned_later, flush, real_run_id
 
 __all__ = ["ParentRun", "final_state", "latest_workdir", "new_workdir", "parent_run"]
 
@@ -57,7 +57,9 @@ def latest_workdir() -> Path | None:
 @dataclass
 class ParentRun:
     """The open parent run as a flow body sees it. ``run_id`` is None under ``--no-track``
-    (every tracker call is then a no-op). The outcome set by :meth:`finish` is logged when the
+    (every tracker call is then a no-op); a tracking writer's stand-in (every call of this
+    command takes it; ``tasks.tracking.writer.real_run_id`` gives MLflow's, as :meth:`links`
+    does) until the block ends. The outcome set by :meth:`finish` is logged when the
     :func:`parent_run` block ends."""
 
     target: TrackingTarget
@@ -97,7 +99,7 @@ class ParentRun:
         """Where a flow's result says its records are: ``mlflow_run_id``, ``workdir``,
         ``ui_command``, ``runs_url``."""
         return {
-            "mlflow_run_id": self.run_id,
+            "mlflow_run_id": real_run_id(self.tracker, self.run_id),
             "workdir": str(self.workdir),
             "ui_command": self.ui_command,
             "runs_url": self.runs_url,
@@ -152,19 +154,18 @@ def parent_run(
     # importing MLflow, and close_abandoned waits for it
     all_tags = _tags(flow_name, tags or {})
     all_tags["config_name"] = run_name
-    for gone in tracker.close_abandoned():  # runs a SIGKILLed command could not end
-        logger.warning(
-            "MLflow run %s (%s) was left RUNNING by a process that is gone: marked KILLED; its "
-            "records are in %s",
-            gone["run_id"],
-            gone["name"],
-            gone["records_folder"] or "(no records folder)",
-        )
+    abandoned = close_abandoned_later(tracker)  # runs a SIGKILLed command could not end
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)
-    run_id = real_run_id(tracker, run_id)  # (a tracking writer's stand-in until created: the log names it)
     tracker.log_params(run_id, flatten_params(dict(params)))
     tracker.log_dict(run_id, dict(params), "config.yaml")
-    logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
+    # a tracking writer's run id is a stand-in until the writer has created the run, and its
+    # MLflow import may still run: the command goes on (0.5-1 s) and names the run at its end
+    pending = bool(run_id) and run_id.startswith(STAND_IN)
+    if pending:
+        logger.info("Records in %s; the MLflow run is named when it ends", workdir)
+    else:
+        _warn_abandoned(abandoned())
+        logger.info("MLflow run %s; records in %s", run_id or "(not tracked)", workdir)
     run = ParentRun(target, tracker, run_id, workdir, all_tags)
     # killed outright (SIGKILL), this process cannot end its runs: a watcher does, at once (a
     # tracking writer's process does it for its command: tasks.tracking.writer_process)
@@ -173,6 +174,8 @@ def parent_run(
     try:
         yield run
         flush(tracker)  # a tracking writer's (tasks.tracking.writer): a write that failed fails the run
+        if pending:
+            _warn_abandoned(abandoned())
     except BaseException as exc:
         error = run.error or (f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
         if isinstance(exc, Exception):
@@ -188,6 +191,18 @@ def parent_run(
         release()
 
 
+def _warn_abandoned(runs: list[dict]) -> None:
+    """Log the runs :meth:`tasks.tracking.Tracker.close_abandoned` ended."""
+    for gone in runs:
+        get_run_logger().warning(
+            "MLflow run %s (%s) was left RUNNING by a process that is gone: marked KILLED; its "
+            "records are in %s",
+            gone["run_id"],
+            gone["name"],
+            gone["records_folder"] or "(no records folder)",
+        )
+
+
 def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | None) -> None:
     """Headline metrics and summary.md on the parent, error tag when failed, end it, and link
     it from a Prefect markdown artifact (a convenience: its failure is only logged)."""
@@ -198,6 +213,7 @@ def _close(run: ParentRun, summary: str, error: str | None, artifact_key: str | 
         tracker.set_tags(run_id, {"error": error[:500]})
     tracker.end_run(run_id, "FAILED" if error else "FINISHED")
     flush(tracker)  # the run is ended in MLflow before the flow says so
+    run_id = real_run_id(tracker, run_id)
     if run_id:  # the Prefect run log names the MLflow run it wrote
         get_run_logger().info("MLflow run %s ended %s", run_id, "FAILED" if error else "FINISHED")
     link = tracker.run_url(run_id) or f"MLflow run id `{run_id}` in {tracker.tracking_uri}"

@@ -219,3 +219,23 @@ def test_what_the_command_sent_lands_after_a_sigkill_or_a_ctrl_c(how, tmp_path) 
         )
     assert len(run.data.params) == 300 and run.data.tags[OWNER_TAG].split("/")[2] == str(proc.pid)
     assert [a.path for a in MlflowClient(uri).list_artifacts(run_id)] == ["big.txt"]
+
+
+def test_an_answer_read_later_is_kept_while_other_calls_wait(writer, tmp_path) -> None:
+    """close_abandoned_later: the command goes on; the writer's answer, read after another
+    waiting call, still holds the run a dead process left RUNNING (flows.runs.parent_run)."""
+    from tasks.tracking.run_owner import OWNER_HOST_TAG
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    uri = f"sqlite:///{tmp_path / 'remote.db'}"
+    owner = {OWNER_TAG: process_identity(dead.pid), OWNER_HOST_TAG: socket.gethostname()}
+    Tracker("e", uri, True, str(tmp_path)).start_run("ghost", tags=owner)
+    tracker = TrackingTarget("e", uri, True, str(tmp_path)).open()
+    abandoned = tracking_writer.close_abandoned_later(tracker)
+    run = tracker.start_run("r")
+    assert tracking_writer.real_run_id(tracker, run) != run  # a waiting call read past the answer
+    assert [gone["name"] for gone in abandoned()] == ["ghost"]
+    tracker.end_run(run)
+    tracking_writer.flush(tracker)
+    assert {r["name"]: r["status"] for r in tracker.find_runs("")} == {"ghost": "KILLED", "r": "FINISHED"}

@@ -35,6 +35,7 @@ a dead process's files; the runs it left open the writer then ends KILLED at onc
 from __future__ import annotations
 
 import atexit
+import contextlib
 import os
 import pickle
 import queue
@@ -53,9 +54,18 @@ from typing import Any
 from tasks import tracking
 from tasks.tracking import Tracker, TrackingTarget
 from tasks.tracking.values import default_tracking_uri, ui_command
-from tasks.tracking.writer_process import metric_entries
+from tasks.tracking.writer_process import NICE, metric_entries
 
-__all__ = ["RemoteTracker", "close", "flush", "measuring", "real_run_id", "run_job", "start"]
+__all__ = [
+    "RemoteTracker",
+    "close",
+    "close_abandoned_later",
+    "flush",
+    "measuring",
+    "real_run_id",
+    "run_job",
+    "start",
+]
 
 #: The module the writer process runs (``python -m``).
 PROCESS = "tasks.tracking.writer_process"
@@ -95,6 +105,8 @@ class _Writer:
         self._lock = threading.Lock()  # one call down the pipe at a time
         self._waiting = threading.Lock()  # one thread reading the answers at a time
         self._seq = 0
+        self._later: set[int] = set()  # numbered calls whose answers are read later (result)
+        self._kept: dict[int, Any] = {}  # their answers, read meanwhile
         self._handles = 0
         self._error: BaseException | None = None  # carried by an answer nobody waited for
         self.used = False  # whether a call was sent: an exit with none waits for nothing
@@ -119,11 +131,26 @@ class _Writer:
             the first exception a call raised in the writer since the last waiting call.
             WriterGone: the writer process is gone.
         """
+        seq = self._post((kind, handle, name, args, kwargs), answered=wait, later=False)
+        return self.result(seq) if wait else None
+
+    def send_later(self, kind: str, handle: int, name: str, args: tuple, kwargs: dict) -> int:
+        """Send one call whose value :meth:`result` reads later, by the number this returns:
+        the command goes on meanwhile.
+
+        Raises:
+            WriterGone: the writer process is gone."""
+        return self._post((kind, handle, name, args, kwargs), answered=True, later=True)
+
+    def _post(self, call: tuple, answered: bool, later: bool) -> int:
+        """Write ``call`` down the pipe; its number (0: the writer sends no answer)."""
         with self._lock:
             self.used = True
             self._seq += 1
-            seq = self._seq if wait else 0
-            data = pickle.dumps((kind, handle, name, args, kwargs, seq), pickle.HIGHEST_PROTOCOL)
+            seq = self._seq if answered else 0
+            if later:  # before it is sent: a wait that reads its answer first must keep it
+                self._later.add(seq)
+            data = pickle.dumps((*call, seq), pickle.HIGHEST_PROTOCOL)
             blocked = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
             try:  # header and body in one write: Connection.recv's framing ("!i" length)
                 frame = memoryview(struct.pack("!i", len(data)) + data)
@@ -133,18 +160,27 @@ class _Writer:
                 self._gone()
             finally:
                 signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
-        if not wait:
-            return None
+        return seq
+
+    def result(self, seq: int) -> Any:
+        """The value of call number ``seq``, once every call before it is done.
+
+        Raises:
+            the first exception a call raised in the writer since the last waiting call.
+            WriterGone: the writer process is gone.
+        """
         with self._waiting:
-            while True:
+            while seq not in self._kept:
                 answer = self._answers.get()
                 if answer is None:
                     self._answers.put(None)
                     self._gone()
                 number, value, error = answer
                 self._error = self._error or error
-                if number == seq:
-                    break
+                if number == seq or number in self._later:
+                    self._kept[number] = value
+            value = self._kept.pop(seq)
+            self._later.discard(seq)
         error, self._error = self._error, None
         if error is not None:
             raise error
@@ -205,9 +241,31 @@ def flush(tracker: Any) -> None:
 def measuring(tracker: Any) -> None:
     """Say that the command starts measuring: the writer, when ``tracker`` is a
     :class:`RemoteTracker`, does what it has left at a lower CPU priority from then on (its
-    imports, the store's opening and the first runs went at the command's)."""
+    imports, the store's opening and the first runs went at the command's). Lowered from here
+    at once (an import in flight reads no call), and by the writer itself when it reads the
+    call (where this process may not)."""
     if isinstance(tracker, RemoteTracker):
+        with contextlib.suppress(OSError):
+            pid = tracker._writer.process.pid
+            if os.getpriority(os.PRIO_PROCESS, pid) < os.getpriority(os.PRIO_PROCESS, 0) + NICE:
+                os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
         tracker._call("measuring", "", (), {}, wait=False)
+
+
+def close_abandoned_later(tracker: Any) -> Callable[[], list[dict]]:
+    """``tracker.close_abandoned()`` (the runs a SIGKILLed command left RUNNING, now ended
+    KILLED): done now, or, when ``tracker`` is a :class:`RemoteTracker`, sent to the writer
+    without waiting (its MLflow import may still run); the function returned gives the runs
+    (it waits for the writer's answer).
+
+    Raises:
+        (the function) what ``close_abandoned`` raised, or an earlier call in the writer."""
+    if isinstance(tracker, RemoteTracker):
+        writer = tracker._writer
+        seq = writer.send_later("call", tracker._handle, "close_abandoned", (), {})
+        return lambda: writer.result(seq)
+    runs = tracker.close_abandoned()
+    return lambda: runs
 
 
 def real_run_id(tracker: Any, run: str | None) -> str | None:

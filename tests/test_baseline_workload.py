@@ -6,18 +6,12 @@ parent runs logged as the audit logs them (the config flattened as params)."""
 import json
 
 from mlflow.tracking import MlflowClient
+from planted_audits import IDENT
 
 from tasks.config import AuditConfig, RegressionConfig
 from tasks.report.baseline import judge, workload_differences
 from tasks.tracking import Tracker, flatten_params
 
-IDENT = {
-    "flow": "audit",
-    "endpoint_kind": "llama.cpp",
-    "endpoint_model": "m",
-    "endpoint_model_sha256": "abc",
-    "model": "gguf:default",
-}
 THRESHOLDS = {"ttft_ms_p50": 15.0, "tpot_ms_mean": 15.0}
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mlflow.tracking import MlflowClient
+from planted_audits import IDENT
 
 from tasks.config import AuditConfig, RegressionConfig
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup
@@ -23,13 +24,6 @@ from tasks.tracking import Tracker, flatten_params
 
 ROOT = Path(__file__).resolve().parent.parent
 INFERMETER = str(ROOT / ".venv" / "bin" / "infermeter")
-IDENT = {
-    "flow": "audit",
-    "endpoint_kind": "llama.cpp",
-    "endpoint_model": "m",
-    "endpoint_model_sha256": "abc",
-    "model": "gguf:default",
-}
 #: The default thresholds of the stream's metrics (the audit's, less the profile's).
 STREAM_THRESHOLDS = {m: t for m, t in DEFAULT_THRESHOLDS_PCT.items() if lookup(m).stage == "stream"}
 INTERVAL_FIGURES = [m for m in STREAM_THRESHOLDS if m != "output_tokens_per_s"]

@@ -8,6 +8,20 @@ import pytest
 import flows  # noqa: F401  (sets the offline defaults)
 
 
+def _sigterm_as_ctrl_c(signum, frame):
+    raise KeyboardInterrupt
+
+
+def pytest_configure(config):
+    """SIGTERM (a CI job's or ``timeout``'s end) as Ctrl-C: pytest then tears the session's
+    fixtures down, and the servers they started (Prefect, MLflow, PostgreSQL) stop with it;
+    by default a SIGTERM ends pytest at once and they outlive it."""
+    import signal
+
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _sigterm_as_ctrl_c)
+
+
 @pytest.fixture(scope="session")
 def mlflow_store(tmp_path_factory):
     """A fresh SQLite MLflow store; MLFLOW_TRACKING_URI points at it for the session."""

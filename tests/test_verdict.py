@@ -269,3 +269,37 @@ def test_one_current_run_borrows_the_baselines_run_to_run_spread():
         )  # fmt: skip
         alarms += c.ci_low > 0 or c.ci_high < 0
     assert alarms <= 6, alarms  # <= 15 % of 40 (nominal 5 %; without the borrowing ~15 of 40)
+
+
+def test_a_baseline_of_three_borrows_the_historys_spread_when_it_knows_it_on_more_df():
+    """Three baseline runs whose own spread came out wide by chance (sd 11 % on 2 degrees of
+    freedom: Student's t(2) at Holm's level hides a x1.3 change); a history that knows the
+    run-to-run spread on 8 degrees of freedom (an earlier level and these three, pooled) is
+    borrowed instead, and the change is regressed. A history's spread on no more degrees of
+    freedom than the baseline's own (U - 1 = 2) leaves the baseline's own."""
+    rng = np.random.default_rng(4)
+    bases = [run(rng, n=50, scale_ttft=s, sigma=0.25) for s in (0.93, 1.0, 1.07)]
+    cur = run(rng, n=50, scale_ttft=1.3, sigma=0.25)
+    base = float(np.median([b[0]["ttft_ms_p50"] for b in bases]))
+    units = [u for _, s in bases for u in s["stream"]]
+
+    def judged(spread):
+        c = test.change(
+            "ttft_ms_p50",
+            cur[0]["ttft_ms_p50"],
+            base,
+            cur[1]["stream"],
+            units,
+            confidence=0.95,
+            spread=spread,
+        )
+        return c, test.judge({"ttft_ms_p50": c}, {"ttft_ms_p50": 15.0}, 0.95)[0].verdict
+
+    own, verdict_own = judged(None)
+    assert own.spread.source == "the 3 baseline runs" and own.spread.df == 2 and own.spread.sd_log > 0.08
+    assert verdict_own == "inconclusive" and own.ci_low < 0
+    same_df, _ = judged(test.RunSpread(0.05, 2, "the audit history (3 audits)"))
+    assert same_df.spread == own.spread
+    pooled, verdict_pooled = judged(test.RunSpread(0.05, 8, "the audit history (10 audits)"))
+    assert pooled.spread.source == "the audit history (10 audits)" and pooled.ci_low > 0
+    assert verdict_pooled == "regressed"

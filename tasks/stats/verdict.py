@@ -113,9 +113,21 @@ def change(
     interval from the two sides' units of its group; a string says why none can be had (no
     estimator, too few samples, no samples).
 
-    The run-to-run spread a single current run borrows: the baseline units' own when there are
-    at least :data:`MIN_BASELINE_RUNS`, else ``spread`` (the history's) when given, else the
-    baseline units' own when there are 2, else none (the returned ``Change.spread`` is None)."""
+    The run-to-run spread a single current run borrows: ``spread`` (the history's) when given and
+    the baseline has fewer than :data:`MIN_BASELINE_RUNS` units, or when it is known on more
+    degrees of freedom than the baseline units' own (``U - 1``); else the baseline units' own
+    when there are at least 2; else none (the returned ``Change.spread`` is None).
+
+    The history's spread is the pooled within-segment estimate over the whole history
+    (:meth:`tasks.report.history.History.run_spread`: the one-way analysis of variance's pooled
+    mean square, the segments its groups; Searle, Casella & McCulloch, *Variance Components*,
+    1992, sec. 3.5; the pooled variance of several samples: Snedecor & Cochran, *Statistical
+    Methods*, 8th ed., 1989), whose last segment holds the baseline's runs: after a change
+    point, 3 audits of the new level and 7 of the old one know the run-to-run spread on 8
+    degrees of freedom where the 3 alone know it on 2 (measured:
+    tests/benchmarks/verdict_error_rates.py --histories, the "incident" rows). It assumes the
+    runs of every segment differ alike (the pooled variance's homogeneity); a segment much
+    noisier than the rest raises the pooled estimate too."""
     est = estimator(metric)
     if est is None:
         return "no samples define this metric"
@@ -142,15 +154,15 @@ def change(
     units = len(baseline_units)
     if len(current_units) > 1:  # the current side's own units carry the spread
         borrowed = RunSpread(0.0, len(current_units) - 1, "the current run's own units")
-    elif units >= MIN_BASELINE_RUNS or (units == 2 and spread is None):
+    elif spread is not None and (units < MIN_BASELINE_RUNS or spread.df > units - 1):
+        borrowed = spread  # the history's: known on more degrees of freedom
+    elif units >= 2:
         # the runs' deviations carry each run's own sampling noise too: take it out (the one-way
         # random-effects moment estimate, between = total - within: Searle, Casella & McCulloch,
         # Variance Components, 1992, sec. 3.5), the within part from the current run's draws
         deviations = float(np.var(np.log(_run_deviations(baseline_units, est)), ddof=1))
         own = math.sqrt(max(0.0, deviations - within_var))
         borrowed = RunSpread(own, units - 1, f"the {units} baseline runs")
-    elif spread is not None:
-        borrowed = spread
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratios = np.log(cur) - np.log(base)
     if len(current_units) == 1 and borrowed is not None and borrowed.sd_log > 0:

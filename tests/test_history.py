@@ -17,6 +17,7 @@ from planted_audits import IDENT
 
 from tasks.config import AuditConfig, RegressionConfig
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup
+from tasks.report import history as audit_history
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
 from tasks.stats.interval import figure_intervals
 from tasks.stats.samples import stream_units
@@ -198,3 +199,27 @@ def test_history_refuses_an_unknown_metric(tmp_path, metric):
         cwd=ROOT, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 2 and "--metric: nonsense_ms not a known metric" in proc.stderr
+
+
+def test_run_spread_cuts_at_the_baselines_confirmed_change_point():
+    """Seven audits at x0.7, then three at today's level (measured on the instrument, sigma
+    0.25, runs moved by 5 %): this metric's own E-Divisive misses the x1.43 step on 10 audits,
+    so without the baseline choice's change point the step counts as run-to-run spread (21 %);
+    cut there, the two segments pool to the runs' own few per cent on 8 degrees of freedom."""
+    values = [14.471, 15.251, 14.824, 15.784, 14.545, 13.978, 14.787, 20.14, 27.071, 20.968]
+    bounds = [
+        (13.318, 15.449), (13.565, 16.748), (13.676, 16.52), (14.185, 17.218), (13.297, 15.836),
+        (12.877, 14.69), (14.269, 15.876), (18.828, 22.529), (25.296, 29.407), (19.711, 23.355),
+    ]  # fmt: skip
+    runs = [
+        {"run_id": f"a{i}", "start_time_ms": i, "tags": {},
+         "metrics": {"ttft_ms_p50": v, "ttft_ms_p50_ci_low": lo, "ttft_ms_p50_ci_high": hi}}
+        for i, (v, (lo, hi)) in enumerate(zip(values, bounds))
+    ]  # fmt: skip
+    history = audit_history.build(runs, ["ttft_ms_p50"])
+    assert history.metrics["ttft_ms_p50"].change_points == ()
+    alone = history.run_spread("ttft_ms_p50")
+    assert alone.df == 9 and alone.sd_log > 0.15
+    cut = history.run_spread("ttft_ms_p50", (7,))
+    assert cut.df == 8 and cut.sd_log < 0.1
+    assert history.run_spread("ttft_ms_p50", (None,)) == alone

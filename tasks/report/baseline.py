@@ -287,7 +287,9 @@ def judge(
 
     The baseline: the pinned runs, else the audit history's stable stretch
     (:meth:`tasks.report.history.History.baseline`, at most ``baseline_last_n`` audits); a
-    baseline of fewer than 3 audits borrows the history's run-to-run spread where it has one.
+    baseline of fewer than 3 audits borrows the history's run-to-run spread where it has one, a
+    longer one where the history knows it on more degrees of freedom
+    (:func:`tasks.stats.verdict.change`).
 
     Raises:
         LookupError: ``baseline_run_id`` (or ``run_id``) names a run that does not exist.
@@ -303,7 +305,7 @@ def judge(
     mine_workload = workload(mine)
     alike = [r for r in audits if not workload_differences(mine_workload, workload(r), r["run_id"])]
     history = audit_history.build(list(reversed(alike)), list(cfg.thresholds_pct))
-    note = ""
+    note, cuts = "", ()
     if pinned_runs:
         runs, differences = choose(mine_workload, pinned_runs, len(pinned_runs), cfg.force_baseline)
         label = "pinned by hand: run " + ", ".join(pinned)
@@ -311,7 +313,7 @@ def judge(
     elif alike:
         choice = history.baseline(min_runs=MIN_HISTORY_RUNS, max_runs=cfg.baseline_last_n)
         runs, differences = [alike[len(alike) - 1 - i] for i in reversed(choice.indices)], []
-        label, note = _label(choice, history), choice.note
+        label, note, cuts = _label(choice, history), choice.note, (choice.change_point,)
         if not runs:  # every earlier audit left out: the newest one, said so
             runs, label = alike[:1], "the newest audit (every earlier one was left out)"
     else:
@@ -327,7 +329,7 @@ def judge(
         runs, kept = [r for r, k in zip(runs, kept) if k is not None], [k for k in kept if k is not None]
         ids = [r["run_id"] for r in runs]
         label += f" ({len(runs)} of them kept samples: those)"
-    spreads = {m: sp for m in cfg.thresholds_pct if (sp := history.run_spread(m)) is not None}
+    spreads = {m: sp for m in cfg.thresholds_pct if (sp := history.run_spread(m, cuts)) is not None}
     metric_rows = (
         verdict(
             current,

@@ -42,10 +42,22 @@ measured once (``--save`` / ``--load``), then per trial a history is drawn from 
 - x0.7 right after a x1.3 audit (judged regressed, left out): judged improved;
 - a baseline of ONE audit, no history, under machine load: never regressed;
 - histories of 20 audits with a x1.3 step at a random audit (5..15): the change point of TTFT
-  p50 found within one audit of it.
+  p50 found within one audit of it;
+- an incident before the baseline: 7 audits at x0.7, then the step to today's level 3 (or 5)
+  audits ago: the baseline chosen (the audits since the step?), a x1.3 audit's detection per
+  metric and a no-change audit's false alarms (the history knows the run-to-run spread on
+  6 + 2 (or 4) degrees of freedom, the baseline alone on 2 (or 4)).
 
     .venv/bin/python tests/benchmarks/verdict_error_rates.py --histories --sigma 0.25 \
-        --run-sd 0.05 --trials 20 [--save F | --load F]
+        --run-sd 0.05 --trials 20 [--save F | --load F] [--only x1.3,incident] [--seed 7]
+
+Each pool holds --trials x its levels per trial (normal 3, slow 2, fast 1, tail 1) as measured;
+a --load with more --trials than its pools were measured for reuses their levels (each pool
+in its order first, then in fresh random orders: every level equally often), so the rates'
+precision is then bounded by the pools' size, not the trials'. Each row prints its 95 % Wilson
+interval. ``--only`` judges some groups of rows (nochange, x1.3, tail, after, one, incident,
+changepoint); ``--seed`` draws other histories from the same pools (to split trials across
+processes; a seed other than 7 also shuffles each pool's first pass).
 
 Concurrency 1, as the audit's first level (the one its headline reads): at 10 the level's
 throughput moves with the waves' tails more than its requests' E2E say. ``--save F`` keeps the
@@ -191,11 +203,47 @@ def history_judge(history: list[tuple[dict, dict, str | None]], current: tuple[d
     hist = audit_history.build(runs, list(THRESHOLDS))
     choice = hist.baseline(min_runs=MIN_HISTORY_RUNS, max_runs=10)
     base = [history[i] for i in choice.indices] or history[-1:]
-    spreads = {m: sp for m in THRESHOLDS if (sp := hist.run_spread(m)) is not None}
+    spreads = {m: sp for m in THRESHOLDS if (sp := hist.run_spread(m, (choice.change_point,))) is not None}
     rows = verdict(
         current[0], [b[0] for b in base], THRESHOLDS, current[1], [b[1] for b in base], spreads=spreads
     )
     return rows, overall(rows), choice
+
+
+#: --histories --only: the groups of rows (default: all).
+HISTORY_GROUPS = ("nochange", "x1.3", "tail", "after", "one", "incident", "changepoint")
+#: --histories: the audits of the earlier level before the incident's step (the "incident" rows).
+INCIDENT_BEFORE = 7
+
+
+class Draws:
+    """Levels of one pool for successive trials: in the pool's order on the first pass (so a run
+    of --trials on pools of that size uses each level once, as before), then in a fresh random
+    order per pass (trials beyond the pool reuse its levels, each equally often)."""
+
+    def __init__(self, size: int, rng, in_order: bool = True) -> None:
+        self.size, self.rng, self.at = size, rng, 0
+        self.order = list(range(size)) if in_order else [int(i) for i in rng.permutation(size)]
+
+    def take(self, k: int) -> list[int]:
+        out: list[int] = []
+        while len(out) < k:
+            if self.at == len(self.order):
+                self.order, self.at = [int(i) for i in self.rng.permutation(self.size)], 0
+            i = self.order[self.at]
+            self.at += 1
+            if i not in out or self.size < k:
+                out.append(i)
+        return out
+
+
+def wilson(hits: int, n: int, z: float = 1.959963984540054) -> tuple[float, float]:
+    """The 95 % Wilson score interval of a binomial share (Wilson, JASA 22, 1927)."""
+    if n == 0:
+        return 0.0, 1.0
+    p = hits / n
+    centre, half = p + z * z / (2 * n), z * ((p * (1 - p) + z * z / (4 * n)) / n) ** 0.5
+    return (centre - half) / (1 + z * z / n), (centre + half) / (1 + z * z / n)
 
 
 def histories_main(args) -> None:
@@ -228,12 +276,21 @@ def histories_main(args) -> None:
             json.dumps({name: [_saved(r) for r in runs] for name, runs in pools.items()}), encoding="utf-8"
         )
     measured_s = time.monotonic() - started
-    rng = np.random.default_rng(7)
+    groups = set(args.only.split(",")) if args.only else set(HISTORY_GROUPS)
+    unknown = groups - set(HISTORY_GROUPS)
+    if unknown:
+        raise SystemExit(f"--only: unknown group(s) {sorted(unknown)}; known: {', '.join(HISTORY_GROUPS)}")
+    rng = np.random.default_rng(args.seed)
     normal, slow, fast, tail = (pools[n] for n in ("normal", "slow", "fast", "tail"))
+    order = np.random.default_rng(args.seed + 1)  # the pools' draws beyond their first pass
+    first = args.seed == 7  # the default draws use each pool in its order first, as before
+    slow_at, fast_at, tail_at = (Draws(len(p), order, first) for p in (slow, fast, tail))
+    earlier_at = Draws(len(fast), order, first)  # the incident's earlier level, apart from the x0.7 row's
     t_count = args.trials
     print(
         f"audit-history verdicts: {t_count} trials, {args.requests} requests a level, jitter sigma {args.sigma:g}, "
-        f"whole runs exp({args.run_sd:g} z), tail 15 % x4 TTFT; thresholds {THRESHOLDS}"
+        f"whole runs exp({args.run_sd:g} z), tail 15 % x4 TTFT; thresholds {THRESHOLDS}; pools: "
+        + ", ".join(f"{n} {len(p)}" for n, p in pools.items())
     )
     rates: dict[str, list[float]] = {}
 
@@ -243,31 +300,52 @@ def histories_main(args) -> None:
     per_metric = ("ttft_ms_p50", "itl_ms_p90", "tpot_ms_mean")
     for t in range(t_count):
         own = [normal[int(i)] for i in rng.choice(len(normal), 6, replace=False)]  # 5 history, 1 now
+        slows = [slow[i] for i in slow_at.take(2)]
+        faster, tailed = fast[fast_at.take(1)[0]], tail[tail_at.take(1)[0]]
         for size in (3, 5):
             history = [(f, s, None) for f, s in own[:size]]
-            _, word, _ = history_judge(history, own[5])
-            count(f"no change, baseline {size}: regressed (false alarm)", word == "regressed")
-            count(f"no change, baseline {size}: improved", word == "improved")
-            rows, word, _ = history_judge(history, slow[2 * t])
-            by = {r.metric: r.verdict for r in rows}
-            for m in per_metric:
-                count(f"x1.3, baseline {size}: {m} regressed", by.get(m) == "regressed")
-            rows, word, _ = history_judge(history, tail[t])
-            count(f"tail 15 % x4, baseline {size}: regressed", word == "regressed")
-            count(
-                f"tail 15 % x4, baseline {size}: a ttft row regressed",
-                any(r.metric.startswith("ttft") and r.verdict == "regressed" for r in rows),
-            )
-            _, first, _ = history_judge(history, slow[2 * t + 1])
-            after = [*history, (*slow[2 * t + 1], first)]
-            _, word, choice = history_judge(after, fast[t])
-            count(f"x0.7 after x1.3, baseline {size}: improved", word == "improved")
-        _, word, _ = history_judge([(*own[0], None)], own[1])
-        count("no change, ONE baseline audit under load: regressed", word == "regressed")
-        _, word, _ = history_judge([(*own[0], None)], slow[2 * t])
-        count("x1.3, ONE baseline audit: regressed (needs the run-to-run spread)", word == "regressed")
-    found = []
-    for _ in range(t_count):
+            if "nochange" in groups:
+                _, word, _ = history_judge(history, own[5])
+                count(f"no change, baseline {size}: regressed (false alarm)", word == "regressed")
+                count(f"no change, baseline {size}: improved", word == "improved")
+            if "x1.3" in groups:
+                rows, word, _ = history_judge(history, slows[0])
+                by = {r.metric: r.verdict for r in rows}
+                for m in per_metric:
+                    count(f"x1.3, baseline {size}: {m} regressed", by.get(m) == "regressed")
+            if "tail" in groups:
+                rows, word, _ = history_judge(history, tailed)
+                count(f"tail 15 % x4, baseline {size}: regressed", word == "regressed")
+                count(
+                    f"tail 15 % x4, baseline {size}: a ttft row regressed",
+                    any(r.metric.startswith("ttft") and r.verdict == "regressed" for r in rows),
+                )
+            if "after" in groups:
+                _, first, _ = history_judge(history, slows[1])
+                after = [*history, (*slows[1], first)]
+                _, word, choice = history_judge(after, faster)
+                count(f"x0.7 after x1.3, baseline {size}: improved", word == "improved")
+            if "incident" in groups:
+                # an incident before the baseline: INCIDENT_BEFORE audits at x0.7, then the step
+                # to today's level, `size` audits ago; the history knows the run-to-run spread on
+                # INCIDENT_BEFORE - 1 + size - 1 degrees of freedom
+                before = [(*fast[i], None) for i in earlier_at.take(INCIDENT_BEFORE)]
+                rows, word, choice = history_judge([*before, *history], slows[0])
+                by = {r.metric: r.verdict for r in rows}
+                since = list(choice.indices) == list(range(INCIDENT_BEFORE, INCIDENT_BEFORE + size))
+                count(f"incident, then {size}: the baseline is the {size} since the step", since)
+                for m in per_metric:
+                    count(f"incident, then {size}: x1.3 {m} regressed", by.get(m) == "regressed")
+                _, word, _ = history_judge([*before, *history], own[5])
+                count(f"incident, then {size}: no change regressed (false alarm)", word == "regressed")
+        if "one" in groups:
+            _, word, _ = history_judge([(*own[0], None)], own[1])
+            count("no change, ONE baseline audit under load: regressed", word == "regressed")
+            _, word, _ = history_judge([(*own[0], None)], slows[0])
+            count("x1.3, ONE baseline audit: regressed (needs the run-to-run spread)", word == "regressed")
+        if args.progress and (t + 1) % args.progress == 0:
+            print(f"  {t + 1} trials judged ({time.monotonic() - started - measured_s:.0f} s)", flush=True)
+    for _ in range(t_count if "changepoint" in groups else 0):
         k = int(rng.integers(5, 16))
         series = [normal[int(i)] for i in rng.choice(len(normal), k, replace=len(normal) < k)]
         series += [slow[int(i)] for i in rng.choice(len(slow), 20 - k, replace=len(slow) < 20 - k)]
@@ -276,11 +354,16 @@ def histories_main(args) -> None:
             for i, (f, _) in enumerate(series)
         ]
         points = audit_history.build(runs, ["ttft_ms_p50"]).metrics["ttft_ms_p50"].change_points
-        found.append(any(abs(p - k) <= 1 for p in points))
-        count("20-audit history, x1.3 step: change point within one audit", found[-1])
+        count(
+            "20-audit history, x1.3 step: change point within one audit", any(abs(p - k) <= 1 for p in points)
+        )
     width = max(len(name) for name in rates)
     for name, hits in rates.items():
-        print(f"{name:<{width}}  {sum(hits) / len(hits):>5.0%}  ({int(sum(hits))}/{len(hits)})")
+        low, high = wilson(int(sum(hits)), len(hits))
+        print(
+            f"{name:<{width}}  {sum(hits) / len(hits):>5.0%}  ({int(sum(hits))}/{len(hits)}; "
+            f"95 % {low:.0%}-{high:.0%})"
+        )
     print(f"measured in {measured_s:.0f} s, judged in {time.monotonic() - started - measured_s:.0f} s")
 
 
@@ -301,6 +384,11 @@ def main() -> None:
     parser.add_argument("--explain", action="store_true", help="print each alarm's metrics")
     parser.add_argument("--histories", action="store_true", help="the audit history's rule (issue 28)")
     parser.add_argument("--run-sd", type=float, default=0.05, help="--histories: whole-run factor exp(sd z)")
+    parser.add_argument(
+        "--only", default="", help=f"--histories: comma-separated row groups ({', '.join(HISTORY_GROUPS)})"
+    )
+    parser.add_argument("--seed", type=int, default=7, help="--histories: the trials' draws from the pools")
+    parser.add_argument("--progress", type=int, default=0, help="--histories: a line every N trials judged")
     args = parser.parse_args()
     if args.histories:
         return histories_main(args)

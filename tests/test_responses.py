@@ -67,7 +67,9 @@ def test_schedule_same_definitions_as_chat(server, transport) -> None:
     assert all(gt.SCHEDULE_GAP_MS - 25 <= gap <= gt.SCHEDULE_GAP_MS + TOL_MS for gap in r.itl_ms)
     expected_e2e = gt.SCHEDULE_TTFT_MS + 4 * gt.SCHEDULE_GAP_MS  # not response.completed 300 ms later
     assert expected_e2e <= r.e2e_ms <= expected_e2e + TOL_MS + 20
-    assert r.stream_close_ms - r.e2e_ms >= gt.SCHEDULE_USAGE_DELAY_MS
+    # E2E ends at the last text chunk, not at the usage the server sends 300 ms later (less the
+    # last text chunk's own read lateness: CI read 296 ms with the cores shared)
+    assert r.stream_close_ms - r.e2e_ms >= gt.SCHEDULE_USAGE_DELAY_MS - TOL_MS
     # usage from response.completed (output_tokens), not the chunk count
     assert (r.output_tokens, r.output_tokens_source) == (gt.SCHEDULE_USAGE_TOKENS, "usage")
     assert (r.input_tokens, r.usage_prompt_tokens, r.cached_tokens) == (11, 11, 0)

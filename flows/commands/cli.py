@@ -28,17 +28,21 @@ app = typer.Typer(
     help="Measure LLM inference: tokenize, profile, stream, sweep; tracked in MLflow.",
 )
 
-# in the order `infermeter --help` lists them
-app.command("audit")(audit.command)
-app.command("server")(server.command)
-app.command("compare")(compare.command)
-app.command("history")(history.command)
-app.command("serve")(deploy.command)
-app.command("deploy")(deploy.deploy_command)
-app.command("stream")(stream.command)
-app.command("profile")(profile.command)
-app.command("tokenize")(tokenize.command)
-app.command("sweep")(sweep.command)
-app.command("capacity")(capacity.command)
-app.command("tune")(tune.command)
-app.command("sync")(sync.command)
+# (name, callback), in the order `infermeter --help` lists them
+COMMANDS = (
+    ("audit", audit.command),
+    ("server", server.command),
+    ("compare", compare.command),
+    ("history", history.command),
+    ("serve", deploy.command),
+    ("deploy", deploy.deploy_command),
+    ("stream", stream.command),
+    ("profile", profile.command),
+    ("tokenize", tokenize.command),
+    ("sweep", sweep.command),
+    ("capacity", capacity.command),
+    ("tune", tune.command),
+    ("sync", sync.command),
+)
+for _name, _callback in COMMANDS:
+    app.command(_name)(_callback)

@@ -119,15 +119,13 @@ def change(
     when there are at least 2; else none (the returned ``Change.spread`` is None).
 
     The history's spread is the pooled within-segment estimate over the whole history
-    (:meth:`tasks.report.history.History.run_spread`: the one-way analysis of variance's pooled
-    mean square, the segments its groups; Searle, Casella & McCulloch, *Variance Components*,
-    1992, sec. 3.5; the pooled variance of several samples: Snedecor & Cochran, *Statistical
-    Methods*, 8th ed., 1989), whose last segment holds the baseline's runs: after a change
-    point, 3 audits of the new level and 7 of the old one know the run-to-run spread on 8
-    degrees of freedom where the 3 alone know it on 2 (measured:
-    tests/benchmarks/verdict_error_rates.py --histories, the "incident" rows). It assumes the
-    runs of every segment differ alike (the pooled variance's homogeneity); a segment much
-    noisier than the rest raises the pooled estimate too."""
+    (:meth:`tasks.report.history.History.run_spread`: one-way ANOVA's pooled mean square, the
+    segments its groups; Searle, Casella & McCulloch, *Variance Components*, 1992, sec. 3.5;
+    Snedecor & Cochran, *Statistical Methods*, 8th ed., 1989), whose last segment holds the
+    baseline's runs: 3 audits after a change point and 7 before it know the spread on 8 degrees
+    of freedom where the 3 alone know it on 2 (tests/benchmarks/verdict_error_rates.py
+    --histories, the "incident" rows). It assumes the segments' runs differ alike (the pooled
+    variance's homogeneity): a much noisier segment raises the pooled estimate."""
     est = estimator(metric)
     if est is None:
         return "no samples define this metric"

@@ -150,8 +150,7 @@ def parent_run(
     workdir = new_workdir(flow_name)  # first: it holds the tracking journal should the server go
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track, journal=str(workdir))
     tracker = target.open()
-    # the tags first (git, package versions, NVML: 0.3 s here): a tracking writer is still
-    # importing MLflow, and close_abandoned waits for it
+    # the tags (git, package versions, NVML: 0.3 s here) while a tracking writer still imports MLflow
     all_tags = _tags(flow_name, tags or {})
     all_tags["config_name"] = run_name
     abandoned = close_abandoned_later(tracker)  # runs a SIGKILLed command could not end

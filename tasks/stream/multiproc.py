@@ -90,10 +90,10 @@ _SERVER_ENVIRON: dict[str, str] | None = None
 
 def client_context() -> Any:
     """The ``multiprocessing`` context client processes start from: ``forkserver`` with this
-    module and the client's (``tasks.stream.load``) preloaded (Linux), else ``spawn``. The fork server is a clean process (no threads,
-    no event loop, no CUDA) that this command started, so forking from it is safe; it exits
-    when the command does (its ``alive`` pipe reads EOF, SIGKILL included), and its children
-    with it (:func:`_exit_with_parent`)."""
+    module and the client's (``tasks.stream.load``) preloaded (Linux), else ``spawn``. The fork
+    server is a clean process (no threads, no event loop, no CUDA) that this command started,
+    so forking from it is safe; it exits when the command does (its ``alive`` pipe reads EOF,
+    SIGKILL included), and its children with it (:func:`_exit_with_parent`)."""
     if not _LINUX:
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")

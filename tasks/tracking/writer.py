@@ -246,9 +246,9 @@ def measuring(tracker: Any) -> None:
     call (where this process may not)."""
     if isinstance(tracker, RemoteTracker):
         with contextlib.suppress(OSError):
-            pid = tracker._writer.process.pid
-            if os.getpriority(os.PRIO_PROCESS, pid) < os.getpriority(os.PRIO_PROCESS, 0) + NICE:
-                os.setpriority(os.PRIO_PROCESS, pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE)
+            pid, lowered = tracker._writer.process.pid, os.getpriority(os.PRIO_PROCESS, 0) + NICE
+            if os.getpriority(os.PRIO_PROCESS, pid) < lowered:
+                os.setpriority(os.PRIO_PROCESS, pid, lowered)
         tracker._call("measuring", "", (), {}, wait=False)
 
 

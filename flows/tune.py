@@ -12,8 +12,14 @@ FAILED, not started again in later rounds, and the sweep goes on; with ``tune.re
 read back from MLflow, not measured. MLflow: the tune parent (tag ``tune_best_rule``: the
 rule's outcome); a child per measurement (``tasks.pipeline.tune``) with its stream stage and
 levels below it; on the parent ``tune.csv`` (every level a row: the means over the repeats and
-their intervals), ``tune.json`` (with ``order`` and ``repeats``), the plot and the summary. The command is ``flows.commands.tune``; ``infermeter serve`` / ``deploy``
-deploy it.
+their intervals), ``tune.json`` (with ``order`` and ``repeats``), the plot and the summary.
+With ``tune.capacity`` the best is decided on each configuration's capacity in each repeat
+(``tasks.tune.capacities``: a search's levels are at rates of its own repeat, no sample over
+repeats): ``tune.csv`` adds a row per configuration, ``level`` -1, with its mean capacity and
+interval (``capacity_requests_per_s``, ``_ci_low``, ``_ci_high``), ``tune.json``'s
+configurations their ``capacity_over_repeats``, the summary a capacity line per configuration,
+the parent metric ``tune_best_capacity_requests_per_s``. The command is
+``flows.commands.tune``; ``infermeter serve`` / ``deploy`` deploy it.
 """
 
 from __future__ import annotations
@@ -28,14 +34,23 @@ def answer(summaries: list, config: TuneFlowConfig) -> dict:
     """``{"points", "pareto": {"per_user_tokens_per_s": [...], "ttft_ms_p99": [...]}, "best"}``
     of the configurations (``ConfigurationSummary``: their repeats combined; ``tasks.tune.front``);
     ``best`` adds the winning configuration's ``server_params`` when one is named (the rule:
-    ``tasks.tune.rule``), and ``best_obj`` is the ``Best`` itself."""
-    from tasks.tune.front import best, pareto
+    ``tasks.tune.rule``), and ``best_obj`` is the ``Best`` itself. With ``tune.capacity`` the
+    candidates are the configurations' capacities over their repeats (``capacities``: their
+    points, ``tasks.tune.capacities``), else each configuration's levels."""
+    from tasks.tune.front import CAPACITY, CAPACITY_LEVEL, best, pareto
 
     slos = config.stream.goodput
-    objective = "goodput_requests_per_s" if slos else "output_tokens_per_s"
     points = [p for summary in summaries for p in summary.points()]
-    samples = {k: v for summary in summaries for k, v in summary.samples(objective).items()}
-    chosen = best(points, slos, config.capacity.target, samples)
+    capacities = []
+    if config.tune.capacity:
+        over = [c for c in (s.capacity_over_repeats() for s in summaries) if c is not None]
+        capacities = [p for p in (c.point() for c in over) if p is not None]
+        samples = {(c.configuration, CAPACITY_LEVEL): c.per_repeat for c in over}
+        chosen = best(capacities, slos, config.capacity.target, samples, objective=CAPACITY)
+    else:
+        objective = "goodput_requests_per_s" if slos else "output_tokens_per_s"
+        samples = {k: v for summary in summaries for k, v in summary.samples(objective).items()}
+        chosen = best(points, slos, config.capacity.target, samples)
     best_dict = chosen.to_dict()
     if chosen.point is not None:
         best_dict["server_params"] = summaries[
@@ -46,11 +61,16 @@ def answer(summaries: list, config: TuneFlowConfig) -> dict:
         "pareto": {axis: pareto(points, axis) for axis in ("per_user_tokens_per_s", "ttft_ms_p99")},
         "best": best_dict,
         "best_obj": chosen,
+        "capacities": capacities,
     }
 
 
 def summary_text(summaries: list, result: dict, error: str | None) -> str:
-    """summary.md: one line per configuration, then the best (the rule's outcome) and the front."""
+    """summary.md: one line per configuration (with its capacity over the repeats under
+    ``tune.capacity``), then the best (the rule's outcome) and the front."""
+    from tasks.tune.capacities import capacity_text
+    from tasks.tune.front import CAPACITY_LEVEL
+
     lines = ["# infermeter tune", ""]
     if error:
         lines += [f"failed: {error}", ""]
@@ -59,6 +79,8 @@ def summary_text(summaries: list, result: dict, error: str | None) -> str:
         startup = f"{d['server_startup_s']:.1f} s" if d["server_startup_s"] is not None else "-"
         note = " (resumed)" if d["resumed"] else ""
         repeats = f", {len(o.finished)} of {len(o.measurements) + len(o.skipped)} repeats finished"
+        if d["capacity_over_repeats"]:
+            repeats += f", {capacity_text(d['capacity_over_repeats'])}"
         lines.append(
             f"- {o.index}: `{o.label}` {d['status']}{note}{repeats}, startup {startup}"
             + (f": {d['error'][:200]}" if d["error"] else "")
@@ -66,7 +88,8 @@ def summary_text(summaries: list, result: dict, error: str | None) -> str:
     best = result.get("best") or {}
     if best.get("point"):
         p = best["point"]
-        lines += ["", f"best: `{p['label']}` at concurrency {p['max_concurrency']}: {best['reason']}"]
+        where = "" if p["level"] == CAPACITY_LEVEL else f" at concurrency {p['max_concurrency']}"
+        lines += ["", f"best: `{p['label']}`{where}: {best['reason']}"]
     elif best:
         lines += ["", f"best: none ({best['reason']})"]
     front = result.get("pareto", {}).get("per_user_tokens_per_s", [])
@@ -186,6 +209,7 @@ def _publish(run, summaries: list, config: TuneFlowConfig, order: list[dict]) ->
     found = answer(summaries, config)
     points = found.pop("points")
     chosen = found.pop("best_obj")
+    capacities = found.pop("capacities")
     result = {
         "best": found["best"],
         "pareto": {axis: [p.to_dict() for p in front] for axis, front in found["pareto"].items()},
@@ -194,7 +218,7 @@ def _publish(run, summaries: list, config: TuneFlowConfig, order: list[dict]) ->
     }
     if points:
         csv = run.workdir / "tune.csv"
-        pl.DataFrame([p.to_dict() for p in points]).write_csv(csv)
+        pl.DataFrame([p.to_dict() for p in points + capacities]).write_csv(csv)
         run.tracker.log_artifact(run.run_id, csv)
     run.tracker.log_dict(
         run.run_id, {"configurations": [o.to_dict() for o in summaries], **result}, "tune.json"
@@ -214,6 +238,7 @@ def _publish(run, summaries: list, config: TuneFlowConfig, order: list[dict]) ->
         "tune_pareto_points": len(result["pareto"]["per_user_tokens_per_s"]),
         "tune_best_output_tokens_per_s": best.get("output_tokens_per_s"),
         "tune_best_goodput_requests_per_s": best.get("goodput_requests_per_s"),
+        "tune_best_capacity_requests_per_s": best.get("capacity_requests_per_s"),
     }
     return {**result, "metrics": {k: v for k, v in metrics.items() if v is not None}}
 

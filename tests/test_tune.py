@@ -275,6 +275,105 @@ def test_repeats_combine_level_by_level() -> None:
     assert combined[1].metrics["output_tokens_per_s"] == 30.0
 
 
+# the best over the repeats' capacities (issue 28, item 6) ----------------------------------
+
+
+def _search(capacity: float | None, sync_passed: bool = True, client_bound: bool = False) -> dict:
+    """A repeat's ``CapacityResult.to_dict()`` (the keys the tune reads)."""
+    sync = {"kind": "synchronous", "passed": sync_passed, "metrics": {"client_bound": client_bound}}
+    return {"capacity_requests_per_s": capacity, "capacity_output_tokens_per_s": None if capacity is None
+            else 4 * capacity, "levels": [sync]}  # fmt: skip
+
+
+def test_a_repeats_capacity_is_its_searchs_answer_zero_when_one_request_fails() -> None:
+    from tasks.tune.capacities import capacity_text, over_repeats, repeat_capacity
+
+    assert repeat_capacity(_search(57.4)) == 57.4
+    assert repeat_capacity(_search(None, sync_passed=False)) == 0.0  # SLOs fail one at a time
+    assert repeat_capacity(_search(None, sync_passed=False, client_bound=True)) is None  # says nothing
+    assert repeat_capacity(None) is None
+    over = over_repeats(0, "a", [_search(12.0), _search(None, sync_passed=False), _search(None, False, True)])
+    assert over.per_repeat == (12.0, 0.0, None) and over.interval.count == 2
+    # mean 6, s = 8.485, t(0.975, 1) = 12.706: 6 ± 76.2, cut at 0 req/s
+    assert (over.interval.low, over.interval.high) == pytest.approx((0.0, 6 + 76.2372), abs=1e-3)
+    assert capacity_text(over.to_dict()) == "capacity 6 req/s [0, 82.2] (95%, 2 repeats: 12, 0, n/a)"
+
+
+def _capacity_summaries(capacities: dict[int, list[float]]) -> list:
+    """Configurations whose repeats' capacity searches answered ``capacities``: each search's
+    levels at rates of its own (synchronous, saturation, the capacity's rate and one above it
+    that missed), as a real search probes them."""
+    from tasks.pipeline.tune import ConfigurationOutcome, ConfigurationSummary
+
+    def level(concurrency, rate, goodput, fraction):
+        return {"max_concurrency": concurrency, "request_rate": rate, "metrics": {
+            "goodput_requests_per_s": goodput, "goodput_fraction": fraction, "output_tokens_per_s": 4 * goodput,
+            "tpot_ms_p50": 20.0, "ttft_ms_p99": 50.0}}  # fmt: skip
+
+    summaries = []
+    for index, values in capacities.items():
+        label = "ab"[index]
+        summary = ConfigurationSummary(index, label, {"x": index}, [])
+        for repeat, capacity in enumerate(values):
+            levels = [level(1, None, 10.0, 1.0), level(4, None, 5.0, 0.5),
+                      level(4, capacity, capacity, 1.0), level(4, capacity * 1.1, 3.0, 0.5)]  # fmt: skip
+            summary.measurements.append(
+                ConfigurationOutcome(
+                    index, label, {"x": index}, [], "FINISHED", 1.0, levels, _search(capacity), repeat=repeat
+                )  # fmt: skip
+            )
+        summaries.append(summary)
+    return summaries
+
+
+def test_the_capacity_tunes_best_is_decided_over_each_repeats_capacity(capsys) -> None:
+    """Each repeat's search probes rates of its own, so no search level has more than one
+    repeat: the best was named "untested" from one repeat's level. Now each configuration's
+    sample is its capacity in each repeat, and the rule (Welch, Holm) names the best."""
+    from flows.commands.tune import print_tune
+    from flows.tune import answer, summary_text
+    from tasks.config import TuneFlowConfig
+
+    a, b = [30.1, 29.6, 30.4], [20.2, 19.8, 20.5]
+    summaries = _capacity_summaries({0: a, 1: b})
+    config = TuneFlowConfig.model_validate(
+        {"tune": {"capacity": True}, "stream": {"goodput": {"tpot_ms": 50}}}
+    )
+    found = answer(summaries, config)
+    chosen = found["best"]
+    assert chosen["rule"] == "best" and chosen["objective"] == "capacity_requests_per_s"
+    assert chosen["point"]["configuration"] == 0 and chosen["point"]["level"] == -1
+    assert chosen["server_params"] == {"x": 0}
+    # the capacity's mean and Student's t interval over the repeats: 30.033 ± 4.302653 x 0.40415 / sqrt(3)
+    assert chosen["point"]["capacity_requests_per_s"] == pytest.approx(30.0333, abs=1e-4)
+    assert chosen["point"]["capacity_requests_per_s_ci_low"] == pytest.approx(29.0294, abs=1e-4)
+    assert chosen["point"]["capacity_requests_per_s_ci_high"] == pytest.approx(31.0373, abs=1e-4)
+    [comparison] = chosen["comparisons"]
+    assert comparison["point"]["configuration"] == 1 and comparison["separated"]
+    assert comparison["difference"] == pytest.approx(9.8667, abs=1e-4) and comparison["p_value"] < 1e-4
+    assert (comparison["ci_low"], comparison["ci_high"]) == pytest.approx((9.0018, 10.7316), abs=1e-4)
+    assert chosen["reason"].startswith("highest capacity (30 req/s, the mean over its repeats")
+    assert "separated from the runner-up b capacity 20.2 req/s [19.3, 21] (3 repeats)" in chosen["reason"]
+    over = summaries[0].to_dict()["capacity_over_repeats"]
+    assert over["per_repeat"] == a and over["repeats"] == 3
+    assert (over["ci_low"], over["ci_high"]) == pytest.approx((29.0294, 31.0373), abs=1e-4)
+    assert summaries[0].to_dict()["capacity"]["capacity_requests_per_s"] == 30.1  # kept: the first repeat's
+    result = {"configurations": [s.to_dict() for s in summaries], "best": chosen,
+              "pareto": {k: [p.to_dict() for p in v] for k, v in found["pareto"].items()}}  # fmt: skip
+    print_tune(result)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "configuration 0 (a): capacity 30 req/s [29, 31] (95%, 3 repeats: 30.1, 29.6, 30.4)" in out
+    assert "best: a: highest capacity (30 req/s" in out
+    text = summary_text(summaries, result, None)
+    assert "capacity 20.2 req/s [19.3, 21] (95%, 3 repeats: 20.2, 19.8, 20.5)" in text
+    assert "best: `a`: highest capacity" in text
+
+    # overlapping capacities: tied within noise, with how many repeats would separate them
+    tied = answer(_capacity_summaries({0: [29.1, 8.2, 27.5], 1: [7.7, 28.0, 9.1]}), config)["best"]
+    assert tied["rule"] == "tied" and tied["point"] is None and tied["repeats_to_separate"] == 25
+    assert tied["reason"].startswith("tied within noise on capacity_requests_per_s")
+
+
 # whole runs through the command ------------------------------------------------------------
 
 
@@ -427,6 +526,49 @@ def test_a_second_run_resumes_the_finished_configurations(own_server_run) -> Non
     ]
     assert second.stdout.count("(resumed)") == 4  # two levels each
     assert [o["done"] for o in after_data["order"] if o["configuration"] == 0] == ["resumed"] * 3
+
+
+def test_a_capacity_tune_reports_the_capacity_over_its_repeats(tmp_path: Path) -> None:
+    """``--capacity --repeats 2`` through the command: each repeat's search answers a capacity,
+    and tune.json, the table, tune.csv, summary.md and the parent's metric all give their mean
+    with Student's t interval over the two (the rule itself: the test above)."""
+    config = tmp_path / "tune.yaml"
+    config.write_text(
+        f"tune: {{serve_cmd: '{SERVE_CMD}', configurations: [{{startup_delay_s: 0}}]}}\n"
+        "endpoint: {tokenizer: 'gguf:default'}\ncapacity: {max_levels: 2}\n",
+        encoding="utf-8",
+    )
+    # the SLO holds at saturation: each repeat's capacity is its saturation throughput
+    proc = _tune(tmp_path, "--config", str(config), "--model", MODEL, *WORKLOAD[:6], "--capacity",
+                 "--goodput", "tpot_ms:1000", "--repeats", "2", "--json", str(tmp_path / "t.json"))  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "t.json").read_text())
+    [conf] = data["configurations"]
+    each = [r["capacity"]["capacity_requests_per_s"] for r in conf["repeats"]]
+    over = conf["capacity_over_repeats"]
+    assert over["per_repeat"] == each and len(each) == 2 and all(v > 0 for v in each)
+    mean, half = sum(each) / 2, 12.706205 * abs(each[0] - each[1]) / 2  # t(0.975, 1) x s / sqrt(2)
+    assert over["capacity_requests_per_s"] == pytest.approx(mean)
+    assert (over["ci_low"], over["ci_high"]) == pytest.approx((max(0.0, mean - half), mean + half), rel=1e-5)
+    best_found = data["best"]
+    assert (best_found["rule"], best_found["objective"]) == ("only", "capacity_requests_per_s")
+    assert best_found["point"]["capacity_requests_per_s"] == pytest.approx(mean)
+    said = " ".join(proc.stdout.split())
+    assert f"configuration 0 (startup_delay_s=0): capacity {mean:.3g} req/s [" in said
+    assert "best: startup_delay_s=0: highest capacity" in said
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    parent = client.get_run(data["mlflow_run_id"])
+    assert parent.data.metrics["tune_best_capacity_requests_per_s"] == pytest.approx(mean)
+    folder = Path(client.download_artifacts(parent.info.run_id, "", str(tmp_path / "artifacts")))
+    rows = [line.split(",") for line in (folder / "tune.csv").read_text().splitlines()]
+    column = dict(zip(rows[0], zip(*rows[1:])))
+    at = column["level"].index("-1")  # the configuration's capacity row, after its levels
+    assert float(column["capacity_requests_per_s"][at]) == pytest.approx(mean)
+    assert float(column["capacity_requests_per_s_ci_high"][at]) == pytest.approx(mean + half, rel=1e-5)
+    assert f"capacity {mean:.3g} req/s [" in (folder / "summary.md").read_text()
 
 
 def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:

@@ -185,16 +185,21 @@ def command(
 def print_tune(result: dict) -> None:
     """One row per configuration and level (a failed configuration: one row with its status):
     the means over the repeats (``n``), the objective's interval, a mark on the front's rows and
-    on the best (or the points tied within noise), then the rule's outcome and why."""
+    on the best (or the points tied within noise), then each configuration's capacity over its
+    repeats (``--capacity``: what the best is decided on), the rule's outcome and why."""
+    from tasks.tune.capacities import capacity_text
+    from tasks.tune.front import CAPACITY, CAPACITY_LEVEL
+
     front = {(p["configuration"], p["level"]) for p in result["pareto"]["per_user_tokens_per_s"]}
     front |= {(p["configuration"], p["level"]) for p in result["pareto"]["ttft_ms_p99"]}
     chosen = result.get("best") or {}
     best = chosen.get("point")
     tied = {(p["configuration"], p["level"]) for p in chosen.get("tied") or []}
     objective = chosen.get("objective") or "output_tokens_per_s"
-    goodput = objective == "goodput_requests_per_s"
+    goodput = objective in ("goodput_requests_per_s", CAPACITY)  # a capacity's levels: their goodput
+    figure = "goodput_requests_per_s" if goodput else objective  # the levels' column with an interval
     levels = [lv for conf in result["configurations"] for lv in conf["levels"]]
-    shown = any(lv.get(f"{objective}_ci_high") is not None for lv in levels)
+    shown = any(lv.get(f"{figure}_ci_high") is not None for lv in levels)
     plus = f"\n± {chosen.get('confidence', 0.95):.0%}" if shown else ""  # the interval over the repeats
     counts = {lv.get("repeats", 1) for lv in levels}
     varied = len(counts) > 1  # a column only when some level has fewer repeats (a failed one)
@@ -253,10 +258,10 @@ def print_tune(result: dict) -> None:
                 startup,
                 str(level["max_concurrency"]),
                 *((str(level.get("repeats", 1)),) if varied else ()),
-                fmt_value(m.get("output_tokens_per_s")) if goodput else with_interval(level, objective),
+                fmt_value(m.get("output_tokens_per_s")) if goodput else with_interval(level, figure),
                 fmt_value(1000 / tpot if tpot else None),
                 fmt_value(m.get("ttft_ms_p99")),
-                *((with_interval(level, objective),) if goodput else ()),
+                *((with_interval(level, figure),) if goodput else ()),
                 mark,
             )
     console.print(table)
@@ -266,10 +271,13 @@ def print_tune(result: dict) -> None:
             console.print(
                 f"configuration {conf['index']} ({conf['label']}) {conf['status']}: {first}", highlight=False
             )
+    for conf in result["configurations"]:
+        if conf.get("capacity_over_repeats"):
+            said = capacity_text(conf["capacity_over_repeats"])
+            console.print(f"configuration {conf['index']} ({conf['label']}): {said}", highlight=False)
     if chosen.get("point"):
         p = chosen["point"]
-        console.print(
-            f"best: {p['label']} at concurrency {p['max_concurrency']}: {chosen['reason']}", highlight=False
-        )
+        where = "" if p["level"] == CAPACITY_LEVEL else f" at concurrency {p['max_concurrency']}"
+        console.print(f"best: {p['label']}{where}: {chosen['reason']}", highlight=False)
     elif chosen:
         console.print(f"best: none ({chosen['reason']})", highlight=False)

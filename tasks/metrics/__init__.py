@@ -155,6 +155,7 @@ HEADLINES: dict[str, tuple[str, ...]] = {
             "tune_pareto_points",
             "tune_best_output_tokens_per_s",
             "tune_best_goodput_requests_per_s",
+            "tune_best_capacity_requests_per_s",
         ),
         "the tune headline",
     ),

@@ -392,6 +392,7 @@ REGISTRY: tuple[Metric, ...] = (
     Metric(
         "tune_best_goodput_requests_per_s", "requests/s", "tune", "Goodput of the best level (SLOs).", _TPUT
     ),
+    Metric("tune_best_capacity_requests_per_s", "requests/s", "tune", "Capacity of the best (mean).", _TPUT),
     # sampling sweep, per point (tasks/sweep point_metrics) and on the stage run
     Metric("num_samples", "count", "sweep", "Samples of the point."),
     Metric("num_samples_failed", "count", "sweep", "Samples that failed.", "higher"),

@@ -29,6 +29,7 @@ from tasks.pipeline.stream import stream_stage
 from tasks.server import ServerStartError
 from tasks.stream.errors import every_request_failed
 from tasks.tracking import Tracker, TrackingTarget
+from tasks.tune.capacities import CapacityOverRepeats, over_repeats
 from tasks.tune.front import INTERVAL_FIGURES, TunePoint, point
 from tasks.tune.grid import Configuration
 from tasks.tune.repeats import CombinedLevel, combine_levels
@@ -117,6 +118,13 @@ class ConfigurationSummary:
         """The levels over the finished repeats (:func:`tasks.tune.repeats.combine_levels`)."""
         return combine_levels([m.levels for m in self.finished])
 
+    def capacity_over_repeats(self) -> CapacityOverRepeats | None:
+        """Its capacity over the finished repeats, each repeat's search one value
+        (:mod:`tasks.tune.capacities`); None when no repeat ran a capacity search."""
+        if all(m.capacity is None for m in self.measurements):
+            return None
+        return over_repeats(self.index, self.label, [m.capacity for m in self.finished])
+
     def error(self) -> str | None:
         """The first FAILED repeat's error (with several repeats: ``repeat r of R FAILED: ...``)."""
         failed = [m for m in self.measurements if m.status == "FAILED"]
@@ -130,10 +138,14 @@ class ConfigurationSummary:
     def to_dict(self) -> dict[str, Any]:
         """``ConfigurationOutcome.to_dict()``'s keys over the repeats (``levels``: the combined
         levels, each with its objectives' intervals over the repeats, ``<figure>_ci_low`` /
-        ``_ci_high`` of :data:`tasks.tune.front.INTERVAL_FIGURES`; ``server_startup_s``: the mean; ``capacity``, ``mlflow_run_id``: the first
-        finished repeat's), plus ``repeats`` (each repeat's outcome) and ``repeats_skipped``."""
+        ``_ci_high`` of :data:`tasks.tune.front.INTERVAL_FIGURES`; ``server_startup_s``: the
+        mean; ``capacity``, ``mlflow_run_id``: the first finished repeat's), plus ``repeats``
+        (each repeat's outcome), ``repeats_skipped`` and ``capacity_over_repeats`` (the
+        capacity's mean, interval and value in each repeat: ``CapacityOverRepeats.to_dict()``;
+        None without ``tune.capacity``)."""
         startups = [m.server_startup_s for m in self.measurements if m.server_startup_s is not None]
         first = (self.finished or self.measurements or [None])[0]
+        capacity = self.capacity_over_repeats()
         return {
             "index": self.index,
             "label": self.label,
@@ -151,6 +163,7 @@ class ConfigurationSummary:
             "resumed": self.resumed,
             "repeats": [m.to_dict() for m in self.measurements],
             "repeats_skipped": list(self.skipped),
+            "capacity_over_repeats": capacity.to_dict() if capacity else None,
         }
 
     def points(self) -> list[TunePoint]:

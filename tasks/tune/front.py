@@ -26,6 +26,12 @@ output tokens/s, and the answer says that is all it means. The top is then *name
 the rule of :mod:`tasks.tune.rule`: where its repeats separate it from every other
 configuration's top level; otherwise the answer is "tied within noise", naming the tied ones and
 about how many repeats would separate them.
+
+Under ``tune.capacity`` the candidates are the configurations' capacities instead
+(:mod:`tasks.tune.capacities`): objective :data:`CAPACITY`, each configuration one point
+(level :data:`CAPACITY_LEVEL`) whose sample is its capacity in each repeat, ranked by the mean
+and named by the same rule; the search's levels, each at a rate of one repeat's own, are no
+sample of it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,10 @@ from tasks.tune.rule import DEFAULT_CONFIDENCE, MAX_REPEATS, Comparison, decide,
 
 #: the figures a point gives an interval over its repeats (the objectives of the best)
 INTERVAL_FIGURES = ("output_tokens_per_s", "goodput_requests_per_s")
+#: the objective under ``tune.capacity``: the capacity search's answer, requests/s
+CAPACITY = "capacity_requests_per_s"
+#: the ``level`` of a configuration's capacity point (not one of its levels)
+CAPACITY_LEVEL = -1
 
 
 @dataclass(frozen=True)
@@ -58,6 +68,9 @@ class TunePoint:
         output_tokens_per_s_ci_low, ..._ci_high, goodput_requests_per_s_ci_low, ..._ci_high:
             Student's t interval of the mean over the repeats (:func:`tasks.tune.repeat_interval`;
             None with one repeat).
+        capacity_requests_per_s, ..._ci_low, ..._ci_high: only on a configuration's capacity
+            point (``level`` = :data:`CAPACITY_LEVEL`, :mod:`tasks.tune.capacities`): its mean
+            capacity over the repeats and Student's t interval (requests/s); else None.
     """
 
     configuration: int
@@ -75,13 +88,19 @@ class TunePoint:
     output_tokens_per_s_ci_high: float | None = None
     goodput_requests_per_s_ci_low: float | None = None
     goodput_requests_per_s_ci_high: float | None = None
+    capacity_requests_per_s: float | None = None
+    capacity_requests_per_s_ci_low: float | None = None
+    capacity_requests_per_s_ci_high: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     @property
     def name(self) -> str:
-        """``max_num_seqs=4 c=8`` (with its rate when it has one)."""
+        """``max_num_seqs=4 c=8`` (with its rate when it has one); a capacity point:
+        ``max_num_seqs=4 capacity``."""
+        if self.level == CAPACITY_LEVEL:
+            return f"{self.label} capacity"
         rate = f" rate={self.request_rate:g}" if self.request_rate is not None else ""
         return f"{self.label} c={self.max_concurrency}{rate}"
 
@@ -215,10 +234,13 @@ class Best:
 
 
 def qualifying(
-    points: Sequence[TunePoint], slos: Mapping[str, float] | None, target: float
+    points: Sequence[TunePoint], slos: Mapping[str, float] | None, target: float, objective: str = ""
 ) -> list[TunePoint]:
-    """The points that may be best: with SLOs, those whose goodput fraction reaches ``target``
-    and that have a goodput; without, those with output tokens/s."""
+    """The points that may be best: capacity points (``objective`` :data:`CAPACITY`) with a
+    capacity above 0; with SLOs, those whose goodput fraction reaches ``target`` and that have a
+    goodput; without, those with output tokens/s."""
+    if objective == CAPACITY:
+        return [p for p in points if (p.capacity_requests_per_s or 0.0) > 0]
     if not slos:
         return [p for p in points if p.output_tokens_per_s is not None]
     return [
@@ -236,17 +258,23 @@ def best(
     target: float,
     samples: Mapping[tuple[int, int], Sequence[float | None]] | None = None,
     confidence: float = DEFAULT_CONFIDENCE,
+    objective: str | None = None,
 ) -> Best:
     """The best point under ``slos`` at goodput fraction ``target`` (module docstring), by the
     rule of :mod:`tasks.tune.rule` over each configuration's top qualifying point.
     ``samples``: ``(configuration, level) -> the objective's value in each repeat`` (without
-    it, each point is one pass: the top is named, ``rule = "untested"``)."""
-    objective = "goodput_requests_per_s" if slos else "output_tokens_per_s"
+    it, each point is one pass: the top is named, ``rule = "untested"``). ``objective``:
+    :data:`CAPACITY` for capacity points (``tune.capacity``); by default goodput under SLOs,
+    else output tokens/s."""
+    objective = objective or ("goodput_requests_per_s" if slos else "output_tokens_per_s")
     slo_text = ", ".join(f"{k} <= {v:g}" for k, v in (slos or {}).items())
-    meeting = qualifying(points, slos, target)
+    meeting = qualifying(points, slos, target, objective)
     if not meeting:
         why = (
-            f"no level had {target:.0%} of its requests within {slo_text}"
+            f"no configuration had a capacity: even one request at a time missed {target:.0%} "
+            f"within {slo_text}"
+            if objective == CAPACITY
+            else f"no level had {target:.0%} of its requests within {slo_text}"
             if slos
             else "no level produced output tokens"
         )
@@ -266,7 +294,7 @@ def best(
 
     decision = decide([(p.name, values(p)) for p in candidates], confidence)
     comparisons = tuple(zip(candidates[1:], decision.comparisons))
-    unit = "req/s" if slos else "tokens/s"
+    unit = "req/s" if slos or objective == CAPACITY else "tokens/s"
 
     def shown(p: TunePoint) -> str:
         found = repeat_interval(values(p), confidence, floor=0.0)
@@ -274,7 +302,12 @@ def best(
             return f"{p.name} {getattr(p, objective):.3g} {unit} (one repeat)"
         return f"{p.name} {found.mean:.3g} {unit} [{found.low:.3g}, {found.high:.3g}] ({found.count} repeats)"
 
-    if slos:
+    if objective == CAPACITY:
+        head = (
+            f"highest capacity ({top.capacity_requests_per_s:.3g} req/s, the mean over its repeats "
+            f"of the highest request rate with >= {target:.0%} of requests within {slo_text})"
+        )
+    elif slos:
         head = (
             f"highest goodput ({top.goodput_requests_per_s:.3g} req/s) among levels with "
             f">= {target:.0%} of requests within {slo_text}"

@@ -169,11 +169,11 @@ class SSEClient:
             "Accept": "text/event-stream",
             "Accept-Encoding": "identity",
         }
+        # Each read's bound is the receive loop's (tasks.stream.transports.ReadDeadline), not
+        # aiohttp's sock_read, which re-arms a timer on every read.
+        self.request_timeout_s = request_timeout_s
         self._timeout = aiohttp.ClientTimeout(
-            total=None,
-            connect=request_timeout_s,
-            sock_connect=request_timeout_s,
-            sock_read=request_timeout_s,
+            total=None, connect=request_timeout_s, sock_connect=request_timeout_s, sock_read=None
         )
         self._limit = max(1, max_connections)
         self.kernel_clock = kernel_clock and rxclock.SUPPORTED
@@ -252,7 +252,7 @@ async def stream_chat(
             url, receive = client.responses_url, receive_responses
         send_ns = perf()
         try:
-            await receive(client.session(), url, client.headers, kwargs, state)
+            await receive(client.session(), url, client.headers, kwargs, state, client.request_timeout_s)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     else:

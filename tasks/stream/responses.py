@@ -31,14 +31,13 @@ receive loops are the hot path: a clock read, the type lookup and list appends i
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Any
 
 import aiohttp
 
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
-from tasks.stream.transports import SSEFramer, _event_error, _shape_error, sse_body
+from tasks.stream.transports import SSEFramer, _event_error, _shape_error, loads, sse_body
 from tasks.stream.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
@@ -149,10 +148,12 @@ async def receive_responses(
     headers: dict[str, str],
     kwargs: dict[str, Any],
     state: dict[str, Any],
+    timeout_s: float,
 ) -> None:
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request` with ``api="responses"``) to
     ``url`` (``{base_url}/responses``) and read its SSE events into ``state``
-    (:func:`tasks.stream.transports.new_state`; module docstring for what each event does).
+    (:func:`tasks.stream.transports.new_state`; module docstring for what each event does;
+    ``timeout_s``: :func:`tasks.stream.transports.sse_body`'s).
 
     SSE as :func:`tasks.stream.transports.receive_sse` reads it (``data:`` lines, blank line
     ends an event, ``\\r\\n`` accepted; ``event:`` lines are skipped: the data's ``type`` says
@@ -163,9 +164,8 @@ async def receive_responses(
     """
     perf = time.perf_counter_ns
     arrivals, rx, parts, calls = state["arrivals_ns"], state["rx_ns"], state["parts"], state["tool_calls"]
-    loads = json.loads
     text_events = TEXT_EVENTS
-    async with sse_body(session, url, headers, kwargs, state) as (content, sock):
+    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (content, sock):
         framer = SSEFramer()
         async for block in content.iter_any():
             now_ns = perf()

@@ -16,14 +16,16 @@ receive stamp, ``tasks.stream.rxclock``; ``user``: when the event loop read it):
   stamps of the same two chunks (CLOCK_MONOTONIC, shared by both processes);
 - TTFT error p50 / p99 (ms): measured first text-chunk arrival minus its true send time;
 - the fraction of text chunks coalesced (they came in one read with the one before);
-- client CPU per chunk in us (``bare``: this process's CPU time over the level; ``cli``: the
-  level's own ``client_cpu_us_per_chunk``, its client processes over the measured part;
-  ``vllm``: its whole process, imports included);
+- client CPU per chunk and per request in us (user + system; ``bare``: this process's CPU time
+  over the level; ``cli``: the level's own ``client_cpu_us_per_chunk``, its client processes
+  over the measured part; ``vllm``: its whole process, imports included);
 - the level's client-bound flag, and whether it agrees with the error (flagged exactly where
   the ITL error p99 on the level's own clock passes 1 ms).
 
 Targets (issue 11, 2-core machine, instrument on the same cores): through ``cli``, ITL error
-p99 <= 0.5 ms at 1 and 16 streams, <= 1 ms at 64, <= 5 ms at 256.
+p99 <= 0.5 ms at 1 and 16 streams, <= 1 ms at 64, <= 5 ms at 256. Issue 30: ``--streams
+64,256,512,1024``, the CPU per chunk halved; ITL error p99 <= 1 ms unflagged at 256, <= 2 ms at
+512, flagged or <= 5 ms at 1,024.
 
     .venv/bin/python tests/benchmarks/stream_client.py [--paths cli,bare,vllm]
         [--streams 1,16,64,256] [--chunks 60] [--gap-ms 10] [--client-processes N]
@@ -145,7 +147,8 @@ def _vllm(server: gt.GroundTruthServer, args, streams: int) -> dict:
         "itl_p50": percentile(itl, 50), "itl_p99": percentile(itl, 99), "itl_max": itl[-1] if itl else None,
         "ttft_p50": percentile(ttft, 50), "ttft_p99": percentile(ttft, 99), "coalesced": None,
         "chunks": chunks, "lost": lost, "path": "vllm", "streams": streams, "clock": "user",
-        "level_clock": "user", "cpu_us_per_chunk": cpu_s * 1e6 / chunks if chunks else None, "bound": None,
+        "level_clock": "user", "cpu_us_per_chunk": cpu_s * 1e6 / chunks if chunks else None,
+        "cpu_us_per_request": cpu_s * 1e6 / len(outputs) if outputs else None, "bound": None,
     }  # fmt: skip
 
 
@@ -211,6 +214,7 @@ def measure(server: gt.GroundTruthServer, args, path: str, streams: int) -> list
             clock=clock,
             level_clock=level_clock,
             cpu_us_per_chunk=cpu_s * 1e6 / row["chunks"] if row["chunks"] else None,
+            cpu_us_per_request=cpu_s * 1e6 / len(records) if records else None,
             bound=metrics.get("client_bound"),
         )
         rows.append(row)
@@ -240,16 +244,16 @@ def main() -> None:
                     print(row, file=sys.stderr, flush=True)
     print(
         "| path | streams | clock | ITL err p50 | ITL err p99 | ITL err max | TTFT err p50 | TTFT err p99 "
-        "| coalesced | CPU us / chunk | client-bound | flag agrees | lost |"
+        "| coalesced | CPU us / chunk | CPU us / request | client-bound | flag agrees | lost |"
     )
-    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
+    print("| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | --- | ---: |")
     for r in rows:
         own = r["clock"] == r["level_clock"] and r["path"] != "vllm"  # vLLM has no flag
         agrees = "yes" if bool(r["bound"]) == ((r["itl_p99"] or 0) > 1.0) else "NO"
         print(
             f"| {r['path']} | {r['streams']} | {r['clock']} | {_fmt(r['itl_p50'])} | {_fmt(r['itl_p99'])} | "
             f"{_fmt(r['itl_max'])} | {_fmt(r['ttft_p50'])} | {_fmt(r['ttft_p99'])} | "
-            f"{_fmt(r['coalesced'], 3)} | {_fmt(r['cpu_us_per_chunk'], 1)} | "
+            f"{_fmt(r['coalesced'], 3)} | {_fmt(r['cpu_us_per_chunk'], 1)} | {_fmt(r['cpu_us_per_request'], 0)} | "
             f"{'yes' if r['bound'] else 'no' if own else ''} | {agrees if own else ''} | {r['lost']} |"
         )
 

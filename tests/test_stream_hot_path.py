@@ -1,0 +1,97 @@
+"""The stream client's hot path (issue 30): what a chunk costs, without losing a figure.
+
+Against the ground-truth instrument (tests/groundtruth_server.py): the chunk parser reads what
+the standard library reads, a read costs no timer, and the read bound still ends a stall (and
+only a stall).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from tasks.stream.client import stream_chat
+from tasks.stream.load import make_client
+from tasks.stream.records import RequestRecord
+from tasks.stream.transports import loads
+
+try:
+    from tests import groundtruth_server as gt
+except ImportError:  # tests/ is not a package: pytest put its folder on sys.path
+    import groundtruth_server as gt
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[gt.GroundTruthServer]:
+    with gt.serve() as handle:
+        yield handle
+
+
+def test_loads_reads_what_the_standard_library_reads() -> None:
+    chunk = b'{"choices": [{"index": 0, "delta": {"content": " w1"}, "finish_reason": null}]}'
+    assert loads(chunk) == json.loads(chunk)
+    # what orjson refuses and Python servers write (json.dumps' NaN and Infinity, lone surrogates)
+    nan = loads(b'{"usage": {"completion_tokens": NaN}}')["usage"]["completion_tokens"]
+    assert math.isnan(nan)
+    assert loads(b"[Infinity, -Infinity]") == [math.inf, -math.inf]
+    assert loads(b'{"t": "\\ud800"}') == {"t": "\ud800"}
+    # not JSON: json's own error, with the line, as tasks.stream.errors.classify reads it
+    with pytest.raises(json.JSONDecodeError) as caught:
+        loads(b'{"choices": [')
+    assert caught.value.doc == '{"choices": ['
+
+
+def _stream(base_url: str, model: str, timeout_s: float, timers: list[float] | None = None) -> RequestRecord:
+    """One request on a fresh aiohttp client (after a warm-up on the same connection); with
+    ``timers``, the delay of every timer the loop was asked for during the measured request."""
+
+    async def main() -> RequestRecord:
+        client = make_client(base_url, None, timeout_s, 1)
+        try:
+            await stream_chat(
+                client, model="single", prompt="w", max_tokens=4, count_tokens=None, request_id="w"
+            )
+            loop = asyncio.get_running_loop()
+            call_at = loop.call_at
+            if timers is not None:
+
+                def counted(when, callback, *args, context=None):
+                    timers.append(when - loop.time())
+                    return call_at(when, callback, *args, context=context)
+
+                loop.call_at = counted
+            try:
+                return await stream_chat(
+                    client, model=model, prompt="p0", max_tokens=64, count_tokens=None, request_id=model
+                )
+            finally:
+                loop.call_at = call_at
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def test_a_read_costs_no_timer(server) -> None:
+    """Before: aiohttp's sock_read re-armed a timer on every read (44 for these 40 chunks)."""
+    timers: list[float] = []
+    r = _stream(server.base_url, "ticks:40:5", 10.0, timers)
+    assert r.succeeded and len(r.token_offsets_ms) == 40, r.error_message
+    assert len(timers) <= 2, timers  # the read bound's one look (5 s) at the most
+
+
+def test_the_read_bound_ends_a_stall_and_only_a_stall(server) -> None:
+    # 40 chunks 20 ms apart: 0.8 s in all, four times the bound, never 0.2 s without a byte
+    r = _stream(server.base_url, "ticks:40:20", 0.2)
+    assert r.succeeded and len(r.token_offsets_ms) == 40, r.error_message
+    # a role chunk, then 3 s of nothing: ended 1 to 1.5 bounds after the role chunk
+    start = time.perf_counter()
+    r = _stream(server.base_url, "slow", 0.4)
+    took_s = time.perf_counter() - start
+    assert r.error_class == "timeout", r.error_message
+    assert 0.4 <= took_s < 0.6 + 0.5, took_s  # 0.5 s for the warm-up request and a loaded machine

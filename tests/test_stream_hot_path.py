@@ -1,8 +1,9 @@
 """The stream client's hot path (issue 30): what a chunk costs, without losing a figure.
 
 Against the ground-truth instrument (tests/groundtruth_server.py): the chunk parser reads what
-the standard library reads, a read costs no timer, and the read bound still ends a stall (and
-only a stall).
+the standard library reads, a read costs no timer, the read bound still ends a stall (and only
+a stall), and on the kernel clock the receive loop wakes a few times per stream, not once per
+read, while every chunk keeps its own read's times.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import pytest
 from tasks.stream.client import stream_chat
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord
-from tasks.stream.transports import loads
+from tasks.stream.rxclock import DRAIN_PERIOD_S
+from tasks.stream.sse import SSEFramer, loads
 
 try:
     from tests import groundtruth_server as gt
@@ -82,7 +84,10 @@ def test_a_read_costs_no_timer(server) -> None:
     timers: list[float] = []
     r = _stream(server.base_url, "ticks:40:5", 10.0, timers)
     assert r.succeeded and len(r.token_offsets_ms) == 40, r.error_message
-    assert len(timers) <= 2, timers  # the read bound's one look (5 s) at the most
+    # the head's bound (10 s), the read bound's first look (5 s), the drain's looks (0.2 s of
+    # chunks, one per DRAIN_PERIOD_S, and a spare for the end)
+    assert sorted(timers)[-2:] == pytest.approx([5.0, 10.0], abs=0.01)
+    assert len(timers) <= 2 + 0.2 / DRAIN_PERIOD_S + 2, timers
 
 
 def test_the_read_bound_ends_a_stall_and_only_a_stall(server) -> None:
@@ -95,3 +100,28 @@ def test_the_read_bound_ends_a_stall_and_only_a_stall(server) -> None:
     took_s = time.perf_counter() - start
     assert r.error_class == "timeout", r.error_message
     assert 0.4 <= took_s < 0.6 + 0.5, took_s  # 0.5 s for the warm-up request and a loaded machine
+
+
+def test_a_stamped_stream_wakes_its_loop_rarely_and_keeps_each_reads_times(server, monkeypatch) -> None:
+    """Before: the loop woke and framed once per read (42 framer calls for these two requests);
+    now every DRAIN_PERIOD_S and at the end, and each chunk still has its read's own stamps."""
+    blocks: list[bytes] = []
+    feed = SSEFramer.feed
+    monkeypatch.setattr(SSEFramer, "feed", lambda self, block: blocks.append(block) or feed(self, block))
+    server.reset()
+    r = _stream(server.base_url, "ticks:40:5", 10.0)  # 40 chunks over 0.2 s, after a warm-up
+    assert r.succeeded and r.arrival_clock == "kernel", r.error_message
+    assert len(blocks) <= 2 * (2 + 0.2 / DRAIN_PERIOD_S), len(blocks)
+    true_ns = server.stamps()["p0"]["text_sent_ns"]
+    kernel_ns = [r.send_ns + offset * 1e6 for offset in r.token_offsets_ms]
+    user_ns = [r.send_ns + offset * 1e6 for offset in r.user_token_offsets_ms]
+    assert len(kernel_ns) == len(user_ns) == len(true_ns) == 40
+    # each chunk's kernel stamp lies just after its send, its user stamp (its read's return) after
+    # that (1 us: the records' rounding)
+    wire_ns = [k - t for k, t in zip(kernel_ns, true_ns)]
+    read_ns = [u - k for u, k in zip(user_ns, kernel_ns)]
+    assert all(-1e3 <= gap < 2e6 for gap in wire_ns) and all(-1e3 <= gap < 5e6 for gap in read_ns), (
+        wire_ns,
+        read_ns,
+    )
+    assert len(set(r.user_token_offsets_ms)) >= 30  # a read's own time, not the loop's few wakes

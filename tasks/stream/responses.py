@@ -25,7 +25,7 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
 
 Timing is the SSE transport's (:func:`tasks.stream.transports.receive_sse`): every event read
 from one network read gets that read's ``time.perf_counter_ns()``, and the kernel's receive
-stamp of the read that completed it (``sock.stamp_at``, :mod:`tasks.stream.rxclock`). The
+stamp of the read that completed it (``ReadLog.stamps_at``, :mod:`tasks.stream.rxclock`). The
 receive loops are the hot path: a clock read, the type lookup and list appends inside.
 """
 
@@ -37,7 +37,8 @@ from typing import Any
 import aiohttp
 
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
-from tasks.stream.transports import SSEFramer, _event_error, _shape_error, loads, sse_body
+from tasks.stream.sse import SSEFramer, loads
+from tasks.stream.transports import _event_error, _shape_error, arrived, sse_body
 from tasks.stream.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
@@ -162,15 +163,10 @@ async def receive_responses(
     not an object (``bad_payload``) and a body that ends before the response did
     (``stream_broken``).
     """
-    perf = time.perf_counter_ns
-    arrivals, rx, parts, calls = state["arrivals_ns"], state["rx_ns"], state["parts"], state["tool_calls"]
-    text_events = TEXT_EVENTS
-    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (content, sock):
+    calls, text_events = state["tool_calls"], TEXT_EVENTS
+    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (blocks, log):
         framer = SSEFramer()
-        async for block in content.iter_any():
-            now_ns = perf()
-            if sock is not None:
-                sock.mark()  # the read now being handled: its body bytes end here
+        async for block, now_ns in blocks:
             for position, payload in framer.feed(block):
                 if payload == b"[DONE]":  # not the Responses API's; harmless
                     continue
@@ -182,16 +178,10 @@ async def receive_responses(
                 if kind in text_events:
                     text = event.get("delta")
                     if isinstance(text, str) and text:
-                        arrivals.append(now_ns)
-                        parts.append(text)
-                        if sock is not None:  # the read that delivered the blank line
-                            rx.append(sock.stamp_at(position))
+                        arrived(state, log, position, now_ns, text)
                 elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
                     if _call_piece(kind, event, calls):
-                        arrivals.append(now_ns)
-                        parts.append("")
-                        if sock is not None:
-                            rx.append(sock.stamp_at(position))
+                        arrived(state, log, position, now_ns, "")
                 elif kind == _COMPLETED or kind == _INCOMPLETE:
                     _finish(kind, event, state)
                 elif kind == _FAILED or kind == "error":

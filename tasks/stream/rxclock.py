@@ -17,13 +17,18 @@ never calls these methods: no stamp is taken and the records fall back to the us
 
 Which read delivered which SSE event: the HTTP parser feeds the body bytes of a read into the
 response's ``StreamReader`` synchronously, in the same loop callback as the read. So the reader's
-``total_bytes`` at the start of the next read (or when the receive loop takes a block) is where
-that read's body bytes end; :meth:`StampedSocket.mark` turns the reads into a list of ``(body
-end offset, kernel ns)``, and an event is stamped with the first read whose end covers the
-event's last byte (:meth:`StampedSocket.stamp_at`). Events delivered by one read share its time:
-rightly when the server wrote them together; wrongly when the client fell behind, the kernel
-queued several segments and one late read took them all (the stamp is the last segment's). Those
-are *coalesced* events (:func:`coalesced_events`, counted per request and level).
+``total_bytes`` when a read returns is where that read's body bytes start; the socket keeps, per
+read, ``(body start offset, kernel ns, perf_counter_ns it returned)`` in the response's
+:class:`ReadLog`, and an event is stamped with the last read that started at or before the
+event's last byte (:meth:`ReadLog.stamps_at`). Events delivered by one read share its time:
+rightly when the server wrote them together; wrongly when the client fell behind, the kernel queued several
+segments and one late read took them all (the stamp is the last segment's). Those are
+*coalesced* events (:func:`coalesced_events`, counted per request and level).
+
+Because every read is stamped as it happens, the receive loop need not wake for each one: on a
+stamped socket :func:`body_blocks` hands it what the body has buffered every
+:data:`DRAIN_PERIOD_S` and at the body's end (README "Cheaper per chunk": the wake-up per read,
+a future, a task step and aiohttp's ``readany``, was ~6 us of CPU per chunk at 128 streams).
 
 The records' clock is ``time.perf_counter_ns`` (CLOCK_MONOTONIC). A kernel stamp is converted by
 subtracting ``CLOCK_REALTIME - CLOCK_MONOTONIC`` measured right after the request's stream
@@ -35,11 +40,13 @@ Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival
 
 from __future__ import annotations
 
+import asyncio
 import bisect
 import socket
 import struct
 import sys
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 #: ``SO_TIMESTAMPNS`` (Linux value 35 where Python does not export the name). The ancillary
@@ -67,42 +74,61 @@ def realtime_offset_ns(tries: int = 5) -> int:
     return best[1]
 
 
+class ReadLog:
+    """The reads of one response body on a :class:`StampedSocket`, kept apart from the socket:
+    aiohttp hands the connection to the next request as soon as the body's last byte is read,
+    before the receive loop may have taken it (:func:`body_blocks`), and that request's reads
+    must not touch these. Per read: where its body bytes start (the reader's ``total_bytes``
+    when it returned), its kernel ns and the ``perf_counter_ns`` it returned."""
+
+    __slots__ = ("reader", "reads_ns", "rx_ns", "starts")
+
+    def __init__(self, reader: Any, rx_ns: int, read_ns: int) -> None:
+        self.reader = reader  # the response's aiohttp StreamReader
+        # body bytes fed before (they came with the headers) belong to the last read
+        self.starts, self.rx_ns, self.reads_ns = [0], [rx_ns], [read_ns]
+
+    def stamps_at(self, offset: int) -> tuple[int, int]:
+        """``(perf_counter_ns, kernel ns)`` of the read that delivered body byte ``offset``
+        (0-based; kernel 0: no read had a stamp yet): the last read that started at or before
+        it."""
+        i = bisect.bisect_right(self.starts, offset) - 1
+        return self.reads_ns[i], self.rx_ns[i]
+
+
 class StampedSocket(socket.socket):
-    """A TCP socket that keeps the kernel receive time of each read and the time its last
+    """A TCP socket that keeps, for each read, the kernel receive time and the time the read
+    returned (in the :class:`ReadLog` of the response being read), and the time its last
     ``send`` returned (module docstring).
 
     Attributes:
         rx_ns: kernel CLOCK_REALTIME ns of the last read that carried a stamp (0: none yet).
+        read_ns: ``perf_counter_ns`` when that read returned (the user-space clock's arrival).
         sent_ns: ``perf_counter_ns`` when the last ``send`` returned (the request's last byte
             was handed to the kernel); 0 before any.
         created_ns: ``perf_counter_ns`` when the socket was made (the connection's start).
-        reader: the response ``StreamReader`` being timed (set by the receive loop), or None.
+        log: the :class:`ReadLog` of the response being read (:meth:`attach`), or None.
     """
 
     def __init__(self, family: int, type_: int, proto: int) -> None:
         super().__init__(family, type_, proto)
         self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.created_ns = time.perf_counter_ns()
-        self.rx_ns = 0
-        self.sent_ns = 0
-        self.reader: Any = None
-        self._ends: list[int] = []  # body end offset of each read since attach()
-        self._stamps: list[int] = []  # its kernel ns
+        self.rx_ns = self.read_ns = self.sent_ns = 0
+        self.log: ReadLog | None = None
 
     # The three calls asyncio's selector transport makes. ---------------------------------
     def recv(self, bufsize: int, flags: int = 0) -> bytes:  # noqa: D102
-        self.mark()
         data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY_BYTES, flags)
-        self._take(ancillary)
+        self._took(ancillary)
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # noqa: D102
-        self.mark()
         view = memoryview(buffer)
         if nbytes:
             view = view[:nbytes]
         count, ancillary, _, _ = self.recvmsg_into([view], _ANCILLARY_BYTES, flags)
-        self._take(ancillary)
+        self._took(ancillary)
         return count
 
     def send(self, data: Any, flags: int = 0) -> int:  # noqa: D102
@@ -110,40 +136,77 @@ class StampedSocket(socket.socket):
         self.sent_ns = time.perf_counter_ns()
         return count
 
-    def _take(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+    def _took(self, ancillary: list[tuple[int, int, bytes]]) -> None:
+        """A read returned: keep its stamps, and where its body bytes start (the transport feeds
+        them to the reader right after this call, in the same callback)."""
+        self.read_ns = time.perf_counter_ns()
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(payload)
                 self.rx_ns = sec * 1_000_000_000 + nsec
+        log = self.log
+        if log is not None:
+            log.starts.append(log.reader.total_bytes)
+            log.rx_ns.append(self.rx_ns)
+            log.reads_ns.append(self.read_ns)
 
     # The receive loop's side. -------------------------------------------------------------
-    def attach(self, reader: Any) -> None:
-        """Start timing the body of a new response (``reader``: its aiohttp ``StreamReader``).
-        Body bytes already fed (they came with the headers) belong to the last read."""
-        self.reader = reader
-        self._ends, self._stamps = [], []
-        self.mark()
+    def attach(self, reader: Any) -> ReadLog:
+        """Start logging the reads of a new response's body (``reader``: its aiohttp
+        ``StreamReader``); the log is the receive loop's to keep."""
+        self.log = ReadLog(reader, self.rx_ns, self.read_ns)
+        return self.log
 
-    def detach(self) -> None:
-        """Stop timing (the connection goes back to the pool for another request)."""
-        self.reader = None
-        self._ends, self._stamps = [], []
+    def detach(self, log: ReadLog) -> None:
+        """Stop logging into ``log`` (unless the socket already serves the next response)."""
+        if self.log is log:
+            self.log = None
 
-    def mark(self) -> None:
-        """Close the last read: the body bytes fed since the previous mark were its bytes."""
-        reader = self.reader
-        if reader is None or not self.rx_ns:
-            return
-        end = reader.total_bytes
-        if not self._ends or end > self._ends[-1]:
-            self._ends.append(end)
-            self._stamps.append(self.rx_ns)
 
-    def stamp_at(self, offset: int) -> int:
-        """Kernel ns of the read that delivered body byte ``offset`` (0-based), or 0 when no
-        read covers it (call :meth:`mark` first)."""
-        i = bisect.bisect_right(self._ends, offset)
-        return self._stamps[i] if i < len(self._stamps) else 0
+#: Seconds between a stamped receive loop's looks at its body (module docstring).
+DRAIN_PERIOD_S = 0.1
+
+
+async def body_blocks(content: Any, log: ReadLog | None) -> AsyncIterator[tuple[bytes, int]]:
+    """A response body's bytes (``content``: its aiohttp ``StreamReader``), each block with the
+    ``perf_counter_ns`` it was taken at. Without a stamped socket's ``log``, each read as it
+    comes (the user-space clock is this loop's). With one, what is buffered every
+    :data:`DRAIN_PERIOD_S`, and at once when the body ends or fails (a wait on its end, which
+    aiohttp also wakes with the body's exception: raised here after the bytes that came before
+    it); the stamps are the log's (:meth:`ReadLog.stamps_at`)."""
+    perf = time.perf_counter_ns
+    if log is None:
+        async for block in content.iter_any():
+            yield block, perf()
+        return
+    loop = asyncio.get_running_loop()
+    wake: list[asyncio.Future[None]] = []
+
+    def ring(ended: asyncio.Task[None] | None = None) -> None:
+        if ended is not None and not ended.cancelled():
+            ended.exception()  # retrieved: the loop raises the reader's own
+        if wake and not wake[0].done():
+            wake[0].set_result(None)
+
+    ended = loop.create_task(content.wait_eof())
+    ended.add_done_callback(ring)
+    try:
+        while True:
+            # aiohttp's read_nowait raises a failed body's exception before the bytes it still
+            # holds (a cut stream's last text): those are taken first
+            block = content._read_nowait(-1) if content.exception() else content.read_nowait()
+            if block:
+                yield block, perf()
+            elif content.exception():
+                raise content.exception()
+            elif ended.done():
+                return
+            wake[:] = [loop.create_future()]
+            timer = loop.call_later(DRAIN_PERIOD_S, ring)
+            await wake[0]
+            timer.cancel()
+    finally:
+        ended.cancel()
 
 
 def stamped_socket(addr_info: tuple) -> socket.socket:

@@ -33,20 +33,21 @@ from typing import Any
 import aiohttp
 import httpx2
 import openai
-import orjson
 
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
-from tasks.stream.rxclock import socket_of
+from tasks.stream.rxclock import body_blocks, socket_of
+from tasks.stream.sse import SSEFramer, loads
 
 
 def new_state() -> dict[str, Any]:
     """An empty stream state, filled by a receive loop.
 
-    Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk: the
-    user-space clock), ``rx_ns`` (the kernel CLOCK_REALTIME receive time of the read that
-    completed each text-carrying chunk, 0 where none; empty on a transport without stamps:
-    :mod:`tasks.stream.rxclock`), ``parts`` (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the
-    openai client's usage object, or None), ``chunks`` (int, every parsed chunk),
+    Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk when
+    its read returned, else when the receive loop took it: the user-space clock), ``rx_ns`` (the
+    kernel CLOCK_REALTIME receive time of the read that completed each text-carrying chunk, 0
+    where none; empty on a transport without stamps: :mod:`tasks.stream.rxclock`), ``parts``
+    (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the openai
+    client's usage object, or None), ``chunks`` (int, every parsed chunk),
     ``finish_reason`` (str or None), ``in_stream`` (bool, True once a 200 response began),
     ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
     pooled one was reused) and ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
@@ -74,16 +75,17 @@ def new_state() -> dict[str, Any]:
     }
 
 
-def loads(payload: bytes) -> Any:
-    """A data line's JSON value (RFC 8259): orjson's parser (a chat chunk in ~1 us, ~4 us with
-    the standard library's: README "Cheaper per chunk"), and ``json``'s wherever orjson refuses
-    the line: ``NaN``, ``Infinity`` and lone surrogates, which Python servers write and ``json``
-    reads, or a line that is not JSON, which then raises ``json``'s own ``JSONDecodeError`` (the
-    error :func:`tasks.stream.errors.classify` reads). (Integers beyond 64 bits come as floats.)"""
-    try:
-        return orjson.loads(payload)
-    except orjson.JSONDecodeError:
-        return json.loads(payload)
+def arrived(state: dict[str, Any], log: Any, position: int, now_ns: int, text: str) -> None:
+    """Keep a text chunk in ``state``: its text and arrival, ``now_ns`` (when the receive loop
+    took it) without a stamped socket's ``log``, else the stamps of the read that delivered body
+    byte ``position`` (the event's blank line): ``rxclock.ReadLog.stamps_at``."""
+    if log is None:
+        state["arrivals_ns"].append(now_ns)
+    else:
+        read_ns, rx_ns = log.stamps_at(position)
+        state["arrivals_ns"].append(read_ns)
+        state["rx_ns"].append(rx_ns)
+    state["parts"].append(text)
 
 
 def _field(obj: Any, key: str) -> Any:
@@ -160,45 +162,6 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
     return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
-class SSEFramer:
-    """Server-sent events framing of a body read in blocks (WHATWG HTML, "Server-sent events"):
-    events end with a blank line; ``data:`` lines (one optional space after the colon) carry the
-    payload, joined by ``\n`` when there are several; other lines (comments ``:``, ``event:``)
-    are skipped; ``\r\n`` line ends are accepted. Shared by :func:`receive_sse` and
-    :func:`tasks.stream.responses.receive_responses`, on their hot path: one call per network
-    read, no per-event generator."""
-
-    __slots__ = ("_consumed", "_data", "_pending")
-
-    def __init__(self) -> None:
-        self._pending = b""  # the last, unfinished line
-        self._data: list[bytes] = []  # the data lines of the event being read
-        self._consumed = 0  # body bytes fed so far
-
-    def feed(self, block: bytes) -> list[tuple[int, bytes]]:
-        """The events that ``block`` (the body's next bytes) completes: ``(position, payload)``,
-        ``position`` the body offset (bytes) of the ``\n`` that ended the event (for
-        ``tasks.stream.rxclock``'s ``stamp_at``), ``payload`` its data (bytes)."""
-        pending, data = self._pending, self._data
-        position = self._consumed - len(pending) - 1  # body offset of the current line's "\n"
-        self._consumed += len(block)
-        lines = (pending + block).split(b"\n")
-        self._pending = lines.pop()
-        events = []
-        for line in lines:
-            position += len(line) + 1
-            if line.endswith(b"\r"):
-                line = line[:-1]
-            if line:
-                if line.startswith(b"data:"):
-                    data.append(line[6:] if line[5:6] == b" " else line[5:])
-                continue
-            if data:
-                events.append((position, data[0] if len(data) == 1 else b"\n".join(data)))
-                data.clear()
-        return events
-
-
 class ReadDeadline:
     """Ends a response body whose next bytes have not come for ``timeout_s`` (aiohttp's
     ``sock_read``, which re-arms a timer on every read: ``call_later`` and ``cancel`` on a heap
@@ -236,21 +199,21 @@ async def sse_body(
     kwargs: dict[str, Any],
     state: dict[str, Any],
     timeout_s: float,
-) -> AsyncIterator[tuple[aiohttp.StreamReader, Any]]:
+) -> AsyncIterator[tuple[AsyncIterator[tuple[bytes, int]], Any]]:
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request`'s, as the openai client would
-    send them) to ``url`` and yield ``(body, sock)`` once the status is 200: the body's
-    ``aiohttp.StreamReader`` and the kernel receive clock's socket attached to it
-    (``tasks.stream.rxclock``; None where it cannot be had). Sets ``state["in_stream"]`` and
-    ``state["sent_ns"]``. The receive loops of :func:`receive_sse` and
-    ``tasks.stream.responses.receive_responses`` read inside it. ``timeout_s`` bounds the wait
-    for the response's head (connecting, sending, the server's first bytes) and, through a
-    :class:`ReadDeadline`, each wait for the body's next bytes.
+    send them) to ``url`` and yield ``(blocks, log)`` once the status is 200: the body's blocks
+    (``tasks.stream.rxclock.body_blocks``) and the kernel receive clock's log of its reads
+    (``rxclock.ReadLog``; None where there is no stamped socket). Sets ``state["in_stream"]`` and ``state["sent_ns"]``. The
+    receive loops of :func:`receive_sse` and ``tasks.stream.responses.receive_responses`` read
+    inside it. ``timeout_s`` bounds the wait for the response's head (connecting, sending, the
+    server's first bytes) and, through a :class:`ReadDeadline`, each wait for the body's next
+    bytes.
 
     Raises: ``openai.APIStatusError`` for a status other than 200; ``openai.APITimeoutError`` /
     ``APIConnectionError`` for a transport failure, while posting or reading (as the openai
     client raises them).
     """
-    sock = deadline = None
+    sock = log = deadline = blocks = None
     try:
         async with asyncio.timeout(timeout_s):
             response = await session.post(
@@ -263,19 +226,22 @@ async def sse_body(
             sock = socket_of(response.connection.transport if response.connection else None)
             if sock is not None:
                 state["sent_ns"] = sock.sent_ns
-                sock.attach(response.content)
+                log = sock.attach(response.content)
             deadline = ReadDeadline(response.content, timeout_s)
-            yield response.content, sock
+            blocks = body_blocks(response.content, log)
+            yield blocks, log
     except (aiohttp.ClientError, OSError) as exc:
         request = httpx2.Request("POST", url)
         if isinstance(exc, TimeoutError):
             raise openai.APITimeoutError(request=request) from exc
         raise openai.APIConnectionError(message=str(exc), request=request) from exc
     finally:
+        if blocks is not None:
+            await blocks.aclose()
         if deadline is not None:
             deadline.cancel()
-        if sock is not None:
-            sock.detach()
+        if log is not None:
+            sock.detach(log)
 
 
 async def receive_sse(
@@ -294,14 +260,9 @@ async def receive_sse(
     SSE as :class:`SSEFramer` frames it. Every event read from one network read gets that
     read's arrival time. Transport failures are raised as the openai client would raise them.
     """
-    perf = time.perf_counter_ns
-    arrivals, rx, parts = state["arrivals_ns"], state["rx_ns"], state["parts"]
-    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (content, sock):
+    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (blocks, log):
         framer = SSEFramer()
-        async for block in content.iter_any():
-            now_ns = perf()
-            if sock is not None:
-                sock.mark()  # the read now being handled: its body bytes end here
+        async for block, now_ns in blocks:
             for position, payload in framer.feed(block):
                 if payload == b"[DONE]":
                     state["done"] = True
@@ -329,10 +290,7 @@ async def receive_sse(
                     if not isinstance(text, str):
                         text = ""
                     if text or called:
-                        arrivals.append(now_ns)
-                        parts.append(text)
-                        if sock is not None:  # the read that delivered the blank line
-                            rx.append(sock.stamp_at(position))
+                        arrived(state, log, position, now_ns, text)
                     if choice.get("finish_reason") is not None:
                         state["finish_reason"] = choice["finish_reason"]
                         if "timings" in event:  # llama.cpp's, on its last choice chunk

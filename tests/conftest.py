@@ -230,3 +230,15 @@ def mlflow_pg_server(postgres, tmp_path_factory):
     backend = postgres.create_database("mlflow")
     with mlflow_server(backend, tmp_path_factory.mktemp("mlflow-pg") / "artifacts") as uri:
         yield uri
+
+
+@pytest.fixture(scope="module")
+def instrument():
+    """A ground-truth instrument (tests/groundtruth_server.py) of the test module's own, on a free
+    port: its counters start at zero for each module that asks for it."""
+    try:
+        from tests import groundtruth_server as gt
+    except ImportError:  # tests/ is not a package: pytest put its folder on sys.path
+        import groundtruth_server as gt
+    with gt.serve() as handle:
+        yield handle

@@ -4,7 +4,6 @@ reports ``prompt_tokens_details.cached_tokens``."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
@@ -21,9 +20,8 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[gt.GroundTruthServer]:
-    with gt.serve() as handle:
-        yield handle
+def server(instrument) -> gt.GroundTruthServer:
+    return instrument
 
 
 def level(server: gt.GroundTruthServer, prompts: list[str]):

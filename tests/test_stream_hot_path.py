@@ -12,7 +12,6 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Iterator
 
 import pytest
 
@@ -29,9 +28,8 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[gt.GroundTruthServer]:
-    with gt.serve() as handle:
-        yield handle
+def server(instrument) -> gt.GroundTruthServer:
+    return instrument
 
 
 def test_loads_reads_what_the_standard_library_reads() -> None:

@@ -26,19 +26,13 @@ Standard library, :mod:`tasks.tune.rule` and :mod:`tasks.tune.front`; no MLflow,
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from tasks.tune.front import CAPACITY, CAPACITY_LEVEL, TunePoint
+from tasks.tune.repeats import number
 from tasks.tune.rule import DEFAULT_CONFIDENCE, RepeatInterval, repeat_interval
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) else None
 
 
 def repeat_capacity(capacity: Mapping[str, Any] | None) -> float | None:
@@ -47,7 +41,7 @@ def repeat_capacity(capacity: Mapping[str, Any] | None) -> float | None:
     the search could not say)."""
     if not capacity:
         return None
-    found = _number(capacity.get(CAPACITY))
+    found = number(capacity.get(CAPACITY))
     if found is not None:
         return found
     levels = capacity.get("levels") or []
@@ -132,7 +126,7 @@ def over_repeats(
     """Each finished repeat's ``CapacityResult.to_dict()`` (in repeat order) -> the
     configuration's capacity over them (module docstring)."""
     per_repeat = tuple(repeat_capacity(c) for c in capacities)
-    tokens = tuple(_number((c or {}).get("capacity_output_tokens_per_s")) for c in capacities)
+    tokens = tuple(number((c or {}).get("capacity_output_tokens_per_s")) for c in capacities)
     interval = repeat_interval(per_repeat, confidence, floor=0.0)  # a rate: never below 0
     return CapacityOverRepeats(configuration, label, per_repeat, tokens, interval)
 

@@ -109,7 +109,8 @@ class CombinedLevel:
         }
 
 
-def _number(value: Any) -> float | None:
+def number(value: Any) -> float | None:
+    """``value`` as a finite float, or None (bools, non-numbers, NaN and infinities)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return float(value) if math.isfinite(value) else None
@@ -131,11 +132,11 @@ def combine_levels(repeats: Sequence[Sequence[Mapping[str, Any]]]) -> list[Combi
         all_metrics = [level.get("metrics") or {} for level in levels]
         metrics: dict[str, Any] = {}
         for name in dict.fromkeys(k for m in all_metrics for k in m):
-            numbers = [n for n in (_number(m.get(name)) for m in all_metrics) if n is not None]
+            numbers = [n for n in (number(m.get(name)) for m in all_metrics) if n is not None]
             if len(levels) == 1 or not numbers:
                 metrics[name] = next((m[name] for m in all_metrics if m.get(name) is not None), None)
             else:
                 metrics[name] = fmean(numbers)
-        values = {name: tuple(_number(m.get(name)) for m in all_metrics) for name in KEPT_FIGURES}
+        values = {name: tuple(number(m.get(name)) for m in all_metrics) for name in KEPT_FIGURES}
         out.append(CombinedLevel(concurrency, rate, metrics, values, len(levels)))
     return out

@@ -201,9 +201,10 @@ async def body_blocks(content: Any, log: ReadLog | None) -> AsyncIterator[tuple[
             block = content._read_nowait(-1) if content.exception() else content.read_nowait()
             if block:
                 yield block, perf()
-            elif content.exception():
+                continue  # the body may have ended with this block: look again before waiting
+            if content.exception():
                 raise content.exception()
-            elif ended.done():
+            if content.at_eof() or ended.done():
                 return
             wake[:] = [loop.create_future()]
             timer = loop.call_later(DRAIN_PERIOD_S * (0.5 + random.random()), ring)

@@ -107,6 +107,16 @@ def ticks_level(server: gt.GroundTruthServer, streams: int, *, hog_ms: float = 0
     return result, sorted(errors)
 
 
+def instrument_burst(server: gt.GroundTruthServer) -> bool:
+    """Whether the instrument wrote two consecutive chunks of a stream of the last level
+    under 1 ms apart (its ticks are 10 ms apart: its own loop stalled)."""
+    return any(
+        later - earlier < 1_000_000
+        for stamps in server.stamps().values()
+        for earlier, later in zip(stamps["text_sent_ns"], stamps["text_sent_ns"][1:])
+    )
+
+
 # The clock ----------------------------------------------------------------------------------
 
 
@@ -173,7 +183,13 @@ def test_a_blocked_loop_coalesces_and_is_flagged_a_free_one_is_not(server) -> No
     """64 streams: a loop blocked 25 ms every 40 ms lets the kernel queue two or three chunks of
     a stream, which one late read takes together: they are counted and the level is flagged.
     The free loop's level is not."""
-    free, free_errors = ticks_level(server, 64)
+    for _ in range(3):
+        free, free_errors = ticks_level(server, 64)
+        # This test is about the client: where the instrument's own loop stalled and wrote a
+        # stream's chunks together (seen 2 levels in 30, and in a CI run: 1.5 % flagged), a
+        # client read over 1 ms late counts them as coalesced, rightly: measure the free loop again.
+        if not instrument_burst(server):
+            break
     blocked, blocked_errors = ticks_level(server, 64, hog_ms=25)
     assert free.client["arrival_clock"] == blocked.client["arrival_clock"] == "kernel"
     assert free.client["coalesced_event_fraction"] <= 0.01 and free.client["client_bound"] == 0, free.client

@@ -305,8 +305,14 @@ def histories_main(args) -> None:
         for size in (3, 5):
             history = [(f, s, None) for f, s in own[:size]]
             if "nochange" in groups:
-                _, word, _ = history_judge(history, own[5])
+                rows, word, _ = history_judge(history, own[5])
                 count(f"no change, baseline {size}: regressed (false alarm)", word == "regressed")
+                if args.explain and word in ("regressed", "improved"):
+                    print(f"  trial {t}, baseline {size}: {word}: " + ", ".join(
+                        f"{r.metric} {r.change_pct} % [{r.change_pct_ci_low}, {r.change_pct_ci_high}]"
+                        f" baseline runs {[f.get(r.metric) for f, _, _ in history]} now {own[5][0].get(r.metric)}"
+                        for r in rows if r.verdict in ("regressed", "improved")
+                    ))
                 count(f"no change, baseline {size}: improved", word == "improved")
             if "x1.3" in groups:
                 rows, word, _ = history_judge(history, slows[0])

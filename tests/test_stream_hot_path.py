@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tasks.stream.client import stream_chat
-from tasks.stream.load import make_client
+from tasks.stream.load import FINE_WAIT_S, make_client, wait_until
 from tasks.stream.records import RequestRecord
 from tasks.stream.rxclock import DRAIN_PERIOD_S
 from tasks.stream.sse import SSEFramer, loads
@@ -133,3 +133,32 @@ def test_a_stamped_stream_ends_when_its_body_ends(server) -> None:
         r = _stream(server.base_url, "ticks:10:5", 10.0)
         assert r.succeeded and r.arrival_clock == "kernel", r.error_message
         assert r.stream_close_ms - r.e2e_ms < 0.25 * DRAIN_PERIOD_S * 1e3, (r.e2e_ms, r.stream_close_ms)
+
+
+def test_a_scheduled_instant_is_waited_out_without_a_timer_at_its_end() -> None:
+    """Before: a timer to the instant itself, which asyncio fires on epoll's whole milliseconds
+    (trace replay at 250 requests/s: sends 0.6-0.9 ms late at the median). Now one timer to
+    FINE_WAIT_S before the instant, then yields: never early, and no timer inside the last stretch."""
+
+    async def main() -> tuple[list[float], list[float]]:
+        loop = asyncio.get_running_loop()
+        timers: list[float] = []
+        call_at = loop.call_at
+
+        def counted(when, callback, *args, context=None):
+            timers.append(when - loop.time())
+            return call_at(when, callback, *args, context=context)
+
+        loop.call_at = counted
+        early = []
+        for ahead_s in (0.005, 0.0005, 0.0):
+            when = time.perf_counter() + ahead_s
+            await wait_until(when)
+            early.append(when - time.perf_counter())
+        loop.call_at = call_at
+        return timers, early
+
+    timers, early = asyncio.run(main())
+    assert max(early) <= 0, early
+    # one timer, for the 5 ms wait, ending FINE_WAIT_S before its instant; none for the others
+    assert len(timers) == 1 and 0.005 - FINE_WAIT_S - 0.0005 <= timers[0] <= 0.005 - FINE_WAIT_S, timers

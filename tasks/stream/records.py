@@ -84,9 +84,10 @@ class RequestRecord:
         connect_ms: send to the new connection being open (TCP, and TLS when https); None when a
             pooled connection was reused or the transport does not say.
         request_sent_ms: send to the request's last byte handed to the kernel; None unknown.
-        send_lateness_ms: actual send minus the arrival the schedule drew for it (a finite
-            request rate or a trace's recorded time; the wait for a concurrency slot included);
-            None otherwise.
+        send_lateness_ms: the request's bytes handed to the kernel (``send_ns`` +
+            ``request_sent_ms``; the send call where that is unknown) minus the arrival the
+            schedule drew for it (a finite request rate or a trace's recorded time; the wait for
+            a concurrency slot included); None otherwise.
         prefix_group: the shared-prefix group of the request's prompt
             (``tasks.workload.prefix``); None for other workloads and warm-ups.
         session_id: the conversation a turn belongs to (``l{level}-s{i}``; request ids

@@ -35,7 +35,8 @@ llama.cpp's own server does (``timings.cache_n`` in a final ``choices: []`` chun
 
 Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
 ``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count, ``vllm:prefix_cache_queries_total`` /
-``vllm:prefix_cache_hits_total``), ``POST /reset_prefix_cache``, ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...]}``,
+``vllm:prefix_cache_hits_total``), ``POST /reset_prefix_cache``, ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...], "late_chunk_ns": [...]}`` (noisy
+chunks written over 0.5 ms after their deadline: the instrument itself was held up),
 ``GET /stamps`` -> ``{prompt: {"recv_ns": int, "text_sent_ns": [int, ...]}}`` (keyed by the
 first message's content, so give each request its own prompt), ``POST /reset``.
 
@@ -624,6 +625,9 @@ class _State:
         self.prefix_block = 0  # cache block size in words (0: per word, not published)
         self.ttft_count = 0
         self.text_chunks = 0
+        # ticks chunks written over LATE_CHUNK_S after their deadline (perf_counter_ns): the
+        # instrument's own loop was held up, so what it served was not its schedule
+        self.late_chunk_ns: list[int] = []
 
     @contextlib.contextmanager
     def request_in_flight(self) -> Iterator[None]:
@@ -923,6 +927,11 @@ def _tick_tail(api: str, n: int) -> bytes:
     return (f"data: {json.dumps(_usage(n))}\n\n" + "data: [DONE]\n\n").encode()
 
 
+#: How late after its deadline a noisy scenario's chunk may be written before ``GET /stats``
+#: lists it in ``late_chunk_ns`` (that scenario waits out its deadlines to a few microseconds).
+LATE_CHUNK_S = 0.0005
+
+
 async def _stream_ticks(
     writer: asyncio.StreamWriter,
     spec: tuple[int, float, float, float],
@@ -969,6 +978,8 @@ async def _stream_ticks(
             return
         data = _http_chunk(texts[i % len(texts)])
         stamps.append(perf())
+        if gaps is not None and state is not None and loop.time() - due > LATE_CHUNK_S:
+            state.late_chunk_ns.append(stamps[-1])
         writer.write(data)
     writer.write(_http_chunk(_tick_tail(api, n)) + b"0\r\n\r\n")
     await writer.drain()
@@ -993,7 +1004,13 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
 
             if method == "GET" and path.startswith("/stats"):
                 await _send_json(
-                    writer, 200, {"max_in_flight": state.max_in_flight, "requests": state.requests}
+                    writer,
+                    200,
+                    {
+                        "max_in_flight": state.max_in_flight,
+                        "requests": state.requests,
+                        "late_chunk_ns": state.late_chunk_ns,
+                    },
                 )
                 continue
             if method == "POST" and path.startswith("/prefix_cache_mode"):

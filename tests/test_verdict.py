@@ -7,7 +7,7 @@ import pytest
 
 from tasks.config import RegressionConfig
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, read_samples, write_samples
-from tasks.report.regression import verdict
+from tasks.report.regression import overall, verdict
 from tasks.stats import verdict as test
 from tasks.stats.samples import Unit, from_rows, profile_units, rows, stream_units
 from tasks.tracking import Tracker
@@ -78,6 +78,33 @@ def test_each_verdict_class_on_constructed_samples():
     )
     assert not any(row.regressed for row in better)
     assert base[0]["ttft_ms_p50"] == worse[0].baseline  # the baseline figure: the runs' median
+
+
+def test_a_client_bound_level_moves_no_stream_verdict():
+    """The same x1.3 audit that reads regressed above, its level flagged client-bound: every
+    stream figure that moved reads inconclusive, saying what it read and why; the overall
+    verdict is not "regressed" (the client, not the server, may have been slow)."""
+    rng = np.random.default_rng(7)
+    bases = [run(rng) for _ in range(3)]
+    run(rng)  # the draws of the test above, so the same slower run
+    slower = run(rng, scale_ttft=1.3, scale_itl=1.3)
+    figures, samples = [b[0] for b in bases], [b[1] for b in bases]
+    free = verdict(slower[0], figures, THRESHOLDS, slower[1], samples)
+    bound = verdict(slower[0], figures, THRESHOLDS, slower[1], samples, client_bound=True)
+    assert classes(free)["ttft_ms_p50"] == classes(free)["itl_ms_p50"] == "regressed"
+    assert classes(bound) == {
+        "ttft_ms_p50": "inconclusive",
+        "ttft_ms_p99": "inconclusive",
+        "itl_ms_p50": "inconclusive",
+        "output_tokens_per_s": "inconclusive",
+        "ttft_ms_tail": "unchanged",  # it did not move: nothing to take back
+    }
+    assert not any(row.regressed for row in bound) and overall(bound) == "inconclusive"
+    assert bound[0].note.startswith("regressed by its figures, but the client was the bottleneck")
+    assert bound[0].change_pct == free[0].change_pct  # the figures stay, only the word changes
+    # the legacy rule (a side kept no samples) too
+    legacy = verdict(slower[0], figures, {"ttft_ms_p50": 15.0}, client_bound=True)[0]
+    assert legacy.verdict == "inconclusive" and "client was the bottleneck" in legacy.note
 
 
 def test_a_baseline_of_one_run_never_reads_regressed_on_the_requests_alone():

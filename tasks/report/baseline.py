@@ -275,6 +275,7 @@ def judge(
     tags: Mapping[str, str],
     cfg: RegressionConfig,
     samples: Samples | None = None,
+    client_bound: bool = False,
 ) -> RegressionResult | None:
     """Compare ``current`` (and its ``samples``: the test; None: the legacy rule) with the
     baseline, whose runs' :data:`SAMPLES_ARTIFACT` are read back (a run without one, or with an
@@ -283,7 +284,8 @@ def judge(
     ``regression`` = true / false / incomparable, ``baseline_run_ids``, ``verdict.<metric>``;
     artifacts ``regression.md`` and ``regression.json``. The workload of ``run_id`` is read from
     its logged params and tags. None when there is no baseline yet (the first audit of an
-    endpoint and model).
+    endpoint and model). ``client_bound``: the current stream level was flagged client-bound
+    (its moved stream figures read inconclusive: ``tasks.report.regression.client_limited``).
 
     The baseline: the pinned runs, else the audit history's stable stretch
     (:meth:`tasks.report.history.History.baseline`, at most ``baseline_last_n`` audits); a
@@ -339,6 +341,7 @@ def judge(
             kept,
             cfg.confidence,
             spreads=spreads,
+            client_bound=client_bound,
         )
         if judged
         else []

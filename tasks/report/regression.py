@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
 # Which metrics a threshold may name, and the defaults, live in the registry (re-exported).
-from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_known_metric
+from tasks.metrics import DEFAULT_THRESHOLDS_PCT, headline, is_known_metric
 from tasks.stats import tails
 from tasks.stats import verdict as test
 from tasks.stats.samples import Samples
@@ -150,6 +150,7 @@ def verdict(
     confidence: float = 0.95,
     resamples: int = test.DEFAULT_RESAMPLES,
     spreads: Mapping[str, test.RunSpread] | None = None,
+    client_bound: bool = False,
 ) -> list[MetricVerdict]:
     """Judge every thresholded metric against the baseline run(s).
 
@@ -159,6 +160,9 @@ def verdict(
     way the baseline figure is the median of the runs' logged values. ``spreads``: per metric,
     how much whole runs differ as the audit history shows it (:class:`tasks.stats.verdict.RunSpread`),
     for a baseline of fewer runs than :data:`tasks.stats.verdict.MIN_BASELINE_RUNS`.
+    ``client_bound``: the current run's measured stream level was flagged client-bound
+    (``tasks.stream.quality``): its stream figures that moved read inconclusive
+    (:func:`client_limited`).
 
     Raises:
         ValueError: no baseline runs.
@@ -176,7 +180,7 @@ def verdict(
             spread = (low, high) if len(baseline_runs) > 1 else (None, None)
             row = judge_metric(metric, current.get(metric), median, threshold, spread)
             rows.append(replace(row, note=row.note + "; legacy rule (a side kept no samples)"))
-        return rows
+        return client_limited(rows) if client_bound else rows
     pooled: Samples = {}
     for samples in baseline_samples:
         for group, units in (samples or {}).items():
@@ -261,7 +265,33 @@ def verdict(
             )
         )
     by_metric = {row.metric: row for row in rows} | legacy
-    return [by_metric[metric] for metric in [*thresholds_pct, *tail_thresholds]]
+    out = [by_metric[metric] for metric in [*thresholds_pct, *tail_thresholds]]
+    return client_limited(out) if client_bound else out
+
+
+#: Why a stream figure that moved is not judged when the current level was client-bound.
+CLIENT_BOUND_NOTE = (
+    "but the client was the bottleneck (the measured level is flagged client-bound): its stream "
+    "figures describe the client as much as the server; measure again with more "
+    "--client-processes or on a quieter machine"
+)
+
+
+def client_limited(rows: Sequence[MetricVerdict]) -> list[MetricVerdict]:
+    """``rows`` with each stream figure (the stream stage's headline, and the tails) that read
+    regressed or improved made inconclusive, its note saying what it read and why: a level the
+    client could not keep up with (its chunks coalesced, or its event loop lagged) measured the
+    client, so neither its slowdown nor its speed-up is the server's (vLLM #21104's lesson: a
+    client that falls behind reports a slower server)."""
+    out = []
+    for row in rows:
+        stream = row.metric in headline("stream") or row.metric.endswith("_tail")
+        if stream and row.verdict in ("regressed", "improved"):
+            row = replace(
+                row, verdict="inconclusive", regressed=False, note=f"{row.verdict} by its figures, {CLIENT_BOUND_NOTE}; {row.note}"
+            )
+        out.append(row)
+    return out
 
 
 def overall(rows: Sequence[MetricVerdict]) -> str:

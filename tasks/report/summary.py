@@ -45,6 +45,13 @@ def samples(stages: dict[str, dict]) -> Samples:
     return {group: units for group, units in out.items() if units}
 
 
+def client_bound(stages: dict[str, dict]) -> bool:
+    """Whether the stream stage's first level, the one the headline reads, was flagged
+    client-bound (``tasks.stream.quality``)."""
+    levels = (stages.get("stream") or {}).get("levels") or []
+    return bool(levels) and (levels[0].get("metrics") or {}).get("client_bound") == 1
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return "n/a"

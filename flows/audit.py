@@ -80,7 +80,9 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         if run.run_id and config.regression.enabled and not errors:
             try:
                 bound = report.client_bound(stages)
-                verdict = judge(run.tracker, run.run_id, headline, run.tags, config.regression, samples, bound)
+                verdict = judge(
+                    run.tracker, run.run_id, headline, run.tags, config.regression, samples, bound
+                )
             except LookupError as exc:  # a named baseline that does not exist
                 errors["regression"] = str(exc)
         if verdict is not None and verdict.regressed:  # for a Prefect automation (never raises)

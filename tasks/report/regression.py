@@ -288,7 +288,10 @@ def client_limited(rows: Sequence[MetricVerdict]) -> list[MetricVerdict]:
         stream = row.metric in headline("stream") or row.metric.endswith("_tail")
         if stream and row.verdict in ("regressed", "improved"):
             row = replace(
-                row, verdict="inconclusive", regressed=False, note=f"{row.verdict} by its figures, {CLIENT_BOUND_NOTE}; {row.note}"
+                row,
+                verdict="inconclusive",
+                regressed=False,
+                note=f"{row.verdict} by its figures, {CLIENT_BOUND_NOTE}; {row.note}",
             )
         out.append(row)
     return out

@@ -59,7 +59,11 @@ def replay(server: gt.GroundTruthServer, rows: int, gap_ms: float) -> dict:
             command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}
         )
         level = json.loads(out.read_text(encoding="utf-8"))["levels"][0]
-    sent = sorted(r["request_sent_ms"] for r in level["requests"] if not r["warmup"] and r["request_sent_ms"] is not None)
+    sent = sorted(
+        r["request_sent_ms"]
+        for r in level["requests"]
+        if not r["warmup"] and r["request_sent_ms"] is not None
+    )
     return {**level["metrics"], "request_sent_ms_p50": sent[len(sent) // 2] if sent else float("nan")}
 
 
@@ -73,7 +77,9 @@ def main() -> None:
         f"trace replay: {args.rows} rows {args.gap_ms:g} ms apart ({1000 / args.gap_ms:g} requests/s), "
         f"{args.runs} runs, load {os.getloadavg()[0]:.1f}"
     )
-    print(f"{'run':>3}  {'lateness p50 ms':>15}  {'p99 ms':>7}  {'of p50: send call to kernel ms':>30}  {'achieved req/s':>14}  {'faithful':>8}  flag right")
+    print(
+        f"{'run':>3}  {'lateness p50 ms':>15}  {'p99 ms':>7}  {'of p50: send call to kernel ms':>30}  {'achieved req/s':>14}  {'faithful':>8}  flag right"
+    )
     within = 0
     with gt.serve() as server:
         for run in range(1, args.runs + 1):

@@ -197,7 +197,9 @@ def history_levels(server, args, name: str, count: int, seed: int) -> list[tuple
             else:
                 DISTURBED[name] = DISTURBED.get(name, 0) + 1
         if DISTURBED.get(name, 0) > 3 * count + 10:
-            raise SystemExit(f"{name}: {DISTURBED[name]} levels disturbed: the machine is too busy to measure")
+            raise SystemExit(
+                f"{name}: {DISTURBED[name]} levels disturbed: the machine is too busy to measure"
+            )
     return [
         ({m: level["metrics"][m] for m in keep if level["metrics"].get(m) is not None},
          {"stream": stream_units(level["requests"])})
@@ -360,11 +362,15 @@ def histories_main(args) -> None:
                 rows, word, _ = history_judge(history, own[5])
                 count(f"no change, baseline {size}: regressed (false alarm)", word == "regressed")
                 if args.explain and word in ("regressed", "improved"):
-                    print(f"  trial {t}, baseline {size}: {word}: " + ", ".join(
-                        f"{r.metric} {r.change_pct} % [{r.change_pct_ci_low}, {r.change_pct_ci_high}]"
-                        f" baseline runs {[f.get(r.metric) for f, _, _ in history]} now {own[5][0].get(r.metric)}"
-                        for r in rows if r.verdict in ("regressed", "improved")
-                    ))
+                    print(
+                        f"  trial {t}, baseline {size}: {word}: "
+                        + ", ".join(
+                            f"{r.metric} {r.change_pct} % [{r.change_pct_ci_low}, {r.change_pct_ci_high}]"
+                            f" baseline runs {[f.get(r.metric) for f, _, _ in history]} now {own[5][0].get(r.metric)}"
+                            for r in rows
+                            if r.verdict in ("regressed", "improved")
+                        )
+                    )
                 count(f"no change, baseline {size}: improved", word == "improved")
             if "x1.3" in groups:
                 rows, word, _ = history_judge(history, slows[0])

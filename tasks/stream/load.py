@@ -66,8 +66,10 @@ def arrival_offsets_s(
 
 
 #: The last stretch before a scheduled send that the loop waits out by yielding instead of by a
-#: timer: asyncio's timers fire on epoll's whole milliseconds, rounded up, so a timer alone sent
-#: 0.6-0.9 ms late at the median (issue 30). Yielding keeps the other streams read meanwhile.
+#: timer: asyncio's timers fire on epoll's whole milliseconds, rounded up, so a timer alone is up
+#: to 1 ms late (issue 30 measured 0.6-0.9 ms at the median of a trace replay; 0.3-0.4 ms to the
+#: send call on 2026-12-03, tests/benchmarks/send_lateness.py). Yielding keeps the other streams
+#: read meanwhile.
 FINE_WAIT_S = 0.0012
 
 

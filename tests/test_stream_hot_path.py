@@ -16,7 +16,7 @@ import time
 import pytest
 
 from tasks.stream.client import stream_chat
-from tasks.stream.load import FINE_WAIT_S, make_client, wait_until
+from tasks.stream.load import FINE_WAIT_S, MAX_SEND_LEAD_S, SendLead, make_client, wait_until
 from tasks.stream.records import RequestRecord
 from tasks.stream.rxclock import DRAIN_PERIOD_S
 from tasks.stream.sse import SSEFramer, loads
@@ -162,3 +162,18 @@ def test_a_scheduled_instant_is_waited_out_without_a_timer_at_its_end() -> None:
     assert max(early) <= 0, early
     # one timer, for the 5 ms wait, ending FINE_WAIT_S before its instant; none for the others
     assert len(timers) == 1 and 0.005 - FINE_WAIT_S - 0.0005 <= timers[0] <= 0.005 - FINE_WAIT_S, timers
+
+
+def test_a_send_starts_by_its_learned_dispatch_cost_early_and_never_chases_a_stall() -> None:
+    """The lead is the median cost from wake to the kernel over the last sends: none before a
+    quarter of the window was seen, a stall's cost (one 30 ms send among 0.3 ms ones) does not
+    move it, and a cost above MAX_SEND_LEAD_S is capped there."""
+    lead = SendLead()
+    for k in range(SendLead.WINDOW // 4 - 1):
+        lead.observe(k, k + 0.0003)
+    assert lead.s == 0.0
+    lead.observe(100.0, 100.03)  # a stalled loop's send
+    assert lead.s == pytest.approx(0.0003)
+    for k in range(SendLead.WINDOW):  # the window forgets the old sends: now 2 ms each
+        lead.observe(k, k + 0.002)
+    assert lead.s == MAX_SEND_LEAD_S

@@ -344,6 +344,8 @@ REGISTRY: tuple[Metric, ...] = (
         _LAT,
     ),
     Metric("client_processes", "count", "stream", "Client processes that drove the level."),
+    Metric("client_workers_lost", "count", "stream", "Dask workers lost mid-level.", "higher"),
+    Metric("requests_lost", "count", "stream", "Requests of lost Dask workers never received.", "higher"),
     Metric("server_<series>_delta", "as served", "stream", "Prometheus counter increase over the level."),
     Metric(
         "server_<series>",

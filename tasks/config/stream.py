@@ -13,6 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks import metrics
 from tasks.config.stages import DEFAULT_STREAM_PROMPTS, _Strict
+from tasks.taskrunner import TaskRunner
 
 
 class StreamConfig(_Strict):
@@ -88,6 +89,14 @@ class StreamConfig(_Strict):
         description="Client processes per level (at most its concurrency), for loads one core "
         "cannot drive; records merged, clocks comparable. Empty = one per 128 concurrent "
         "streams, at most one per CPU core.",
+    )
+    task_runner: TaskRunner = Field(
+        "threads",
+        description="Where each level's client runs: threads (client processes on this machine, "
+        "client_processes), or spread over Dask workers, one client per worker, each on its share "
+        "of the streams and of the schedule, clocks aligned by round trips: dask (a LocalCluster, "
+        "one worker per core), dask:N (N workers) or dask:ADDRESS (a scheduler's workers, e.g. "
+        "dask:tcp://10.0.0.5:8786).",
     )
     duration_s: float | None = Field(
         None,
@@ -194,6 +203,12 @@ class StreamConfig(_Strict):
         elif self.prefix_len is not None:
             raise ValueError(
                 "prefix_len (--prefix-len) needs prefix_groups (--prefix-groups: how many shared prefixes)"
+            )
+        if self.client_processes is not None and self.task_runner != "threads":
+            raise ValueError(
+                "client_processes (--client-processes) counts client processes on this machine; with "
+                f"task_runner {self.task_runner} (--task-runner) each Dask worker runs one client: "
+                "set the workers with dask:N, or drop one of them"
             )
         trace = (self.dataset or "").partition(":")[0] in ("mooncake", "trace", "azure")
         if trace and any(r is not None for r in self.request_rate):

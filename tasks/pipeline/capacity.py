@@ -71,6 +71,7 @@ def capacity_stage(
                 count_tokens=counter,
                 goodput=cfg.goodput,
                 client_processes=cfg.client_processes,
+                task_runner=cfg.task_runner,
                 on_record=writer.write,
                 logger=logger,
             )

@@ -110,6 +110,7 @@ def stream_stage(
                 count_tokens=_token_counter(tokenizer),
                 goodput=cfg.goodput,
                 client_processes=cfg.client_processes,
+                task_runner=cfg.task_runner,
                 on_record=writer.write,
                 on_level=log_level,
                 logger=stage_logger("stream"),

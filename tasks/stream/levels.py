@@ -25,6 +25,7 @@ Imports neither prefect nor mlflow.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -35,12 +36,14 @@ from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
+from tasks.stream.dask_load import dask_client, pooled_workers, run_level_dask
 from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
 from tasks.stream.quality import distinct_texts, rate_text
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.taskrunner import parse_task_runner
 
 _LOG = logging.getLogger("infermeter.stream")
 
@@ -109,6 +112,7 @@ def run_levels(
     on_record: Callable[[RequestRecord], None] | None = None,
     on_level: Callable[[Level], None] | None = None,
     logger: logging.Logger | logging.LoggerAdapter | None = None,
+    task_runner: str | None = None,
 ) -> list[Level]:
     """Run the levels in order (module docstring) and return them finished.
 
@@ -124,6 +128,9 @@ def run_levels(
         on_record: every finished record, as it finishes (the crash-safe journal).
         on_level: every finished level, before the next starts (child runs, plots).
         logger: where the warnings go (default ``infermeter.stream``).
+        task_runner: ``threads``/None: client processes here; ``dask`` / ``dask:N`` /
+            ``dask:ADDRESS`` (``tasks.taskrunner``): every level over Dask workers
+            (``tasks.stream.dask_load``), a LocalCluster started here for the run and closed after.
 
     Synchronous: each level runs its own event loop (``asyncio.run``) or its own processes, so
     call it from a thread without a running loop.
@@ -132,26 +139,28 @@ def run_levels(
     done: list[Level] = []
     said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
     cached = cache.ExpectedCache()  # what a perfect prefix cache holds, across the levels
-    for settings in levels:
-        level = _run_one(
-            connection, settings, count_tokens, goodput, client_processes, on_record, logger, cached
-        )
-        fallback = quality.fallback_message(settings.level, level.records)
-        if fallback:  # some records could not use the kernel's stamps: which, and why
-            logger.warning("%s", fallback)
-        elif not said_user_clock and level.metrics.get("arrival_clock") == "user":
-            said_user_clock = True  # once per run: no record could be stamped, nor will any be
-            logger.warning(
-                "arrival times are on the user-space clock (when the event loop read each chunk): "
-                "kernel receive timestamps are not available here (%s); on a busy client they "
-                "run late by the loop's lag",
-                "the openai transport reads through httpx"
-                if connection.transport == "openai"
-                else "this platform gives none",
+    choice = parse_task_runner(task_runner)  # a LocalCluster, or a scheduler's workers: once for the run
+    with dask_client(choice) if choice else contextlib.nullcontext() as dask:
+        for settings in levels:
+            level = _run_one(
+                connection, settings, count_tokens, goodput, client_processes, on_record, logger, cached, dask
             )
-        done.append(level)
-        if on_level is not None:
-            on_level(level)
+            fallback = quality.fallback_message(settings.level, level.records)
+            if fallback:  # some records could not use the kernel's stamps: which, and why
+                logger.warning("%s", fallback)
+            elif not said_user_clock and level.metrics.get("arrival_clock") == "user":
+                said_user_clock = True  # once per run: no record could be stamped, nor will any be
+                logger.warning(
+                    "arrival times are on the user-space clock (when the event loop read each chunk): "
+                    "kernel receive timestamps are not available here (%s); on a busy client they "
+                    "run late by the loop's lag",
+                    "the openai transport reads through httpx"
+                    if connection.transport == "openai"
+                    else "this platform gives none",
+                )
+            done.append(level)
+            if on_level is not None:
+                on_level(level)
     return done
 
 
@@ -164,9 +173,11 @@ def _run_one(
     on_record: Callable[[RequestRecord], None] | None,
     logger: logging.Logger | logging.LoggerAdapter,
     cached: cache.ExpectedCache,
+    dask: Any = None,
 ) -> Level:
     """One level of :func:`run_levels`: per repeat, reset the prefix cache, scrape, run, scrape;
-    then aggregate the repeats pooled, and check."""
+    then aggregate the repeats pooled, and check. ``dask``: a ``distributed.Client`` whose
+    workers run the level instead of client processes here."""
     refused: list[str] = []
     # always in client processes, one at the least: the measuring loop gets a process with
     # nothing else on its GIL (measured, README "Stream": in the flow's own process the
@@ -190,8 +201,8 @@ def _run_one(
     with sampler:  # stopped however the level ends
         for repeat in range(settings.repeats):  # each a fresh start: its own warm-up, reset, scrapes
             results.append(
-                run_level_processes(
-                    processes,
+                (run_level_dask if dask is not None else run_level_processes)(
+                    dask if dask is not None else processes,
                     connection,
                     replace(settings, repeat=repeat),
                     count_tokens=count_tokens,
@@ -254,6 +265,8 @@ def _pooled(results: Sequence[LevelResult], settings: LevelSettings) -> LevelRes
     span_s = sum((s[-1] - s[0]) / 1e9 for s in sends if len(s) > 1)
     figures["achieved_request_rate"] = sum(max(len(s) - 1, 0) for s in sends) / span_s if span_s else None
     out.client = {**figures, "client_processes": results[0].client.get("client_processes")}
+    if "client_workers" in results[0].client:  # over Dask workers: each repeat's, and the losses summed
+        out.client.update(pooled_workers([result.client for result in results]))
     return out
 
 
@@ -351,9 +364,16 @@ def _level_metrics(
 def _warn_client(
     metrics: Mapping[str, Any], settings: LevelSettings, logger: logging.Logger | logging.LoggerAdapter
 ) -> None:
-    """The client-side warnings of a level: client-bound (on the clock in use) and a drift of
-    the realtime-to-monotonic offset that could move kernel stamps."""
+    """The client-side warnings of a level: a Dask worker lost, client-bound (on the clock in
+    use) and a drift of the realtime-to-monotonic offset that could move kernel stamps."""
     index = settings.level
+    for worker in metrics.get("client_workers") or ():
+        if worker["cause"]:
+            logger.warning(
+                "level %d: Dask worker %s was lost (%s): %d of the %d requests of its share never "
+                "came back; the level's figures are over the records received",
+                *(index, worker["worker"], worker["cause"], worker["lost"], worker["requests"]),
+            )
     drift = metrics.get("clock_offset_drift_ms")
     if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > quality.DRIFT_WARN_MS:
         logger.warning(

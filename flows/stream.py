@@ -31,10 +31,12 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     mark("flow_body")
     from tasks.stream.multiproc import start_fork_server
 
-    start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up
+    if config.stream.task_runner == "threads":  # Dask workers run their own clients
+        start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up
     from tasks.cache import first_level_figures
     from tasks.endpoint import open_endpoint
     from tasks.pipeline import stream_stage
+    from tasks.pipeline.fanout import check_flow_task_runner
     from tasks.report import summary as report
     from tasks.stream.errors import every_request_failed
 
@@ -42,6 +44,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:
     # a setting that cannot work fails the flow run here, in seconds, before any MLflow run
     check_flow_settings(config.endpoint, api=config.stream.api)
+    check_flow_task_runner(config.stream.task_runner, "stream.task_runner")
     tags = {
         "model": config.server.model if not config.endpoint.base_url else config.endpoint.model,
         "endpoint": config.endpoint.base_url or "embedded",

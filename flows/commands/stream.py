@@ -30,6 +30,7 @@ from flows.commands.common import (
     rate,
     run_flow,
 )
+from flows.commands.fanout import check_task_runner
 from flows.commands.options import (
     ApiKeyEnvOption,
     EngineOption,
@@ -159,6 +160,15 @@ def command(
     client_processes: Annotated[
         Optional[int], typer.Option(help="Client processes per level, for loads one core cannot drive.")
     ] = None,
+    task_runner: Annotated[
+        Optional[str],
+        typer.Option(
+            help="Where each level's client runs: threads (client processes here, default), or one "
+            "client per Dask worker, each on its share of the streams and of the schedule, clocks "
+            "aligned: dask (a LocalCluster, a worker per core), dask:N (N workers) or dask:ADDRESS "
+            "(a scheduler's workers, e.g. dask:tcp://10.0.0.5:8786)."
+        ),
+    ] = None,
     duration_s: Annotated[
         Optional[float],
         typer.Option(help="Seconds of sending per level (in-flight requests finish); with --num-requests."),
@@ -247,6 +257,7 @@ def command(
             "input_len": input_len,
             "output_len": output_len,
             "client_processes": client_processes,
+            "task_runner": task_runner,
             "duration_s": duration_s,
             "slice_s": slice_s,
             "api": api,
@@ -273,6 +284,7 @@ def command(
     )
     if cfg.tracking.enabled and not no_track:  # (started already by flows.commands.app.main)
         start_stream_writer()
+    check_task_runner(cfg.stream.task_runner)
     check_endpoint_config(cfg)
     check_embedded_engine(cfg)
 

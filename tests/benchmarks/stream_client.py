@@ -25,10 +25,11 @@ receive stamp, ``tasks.stream.rxclock``; ``user``: when the event loop read it):
 Targets (issue 11, 2-core machine, instrument on the same cores): through ``cli``, ITL error
 p99 <= 0.5 ms at 1 and 16 streams, <= 1 ms at 64, <= 5 ms at 256. Issue 30: ``--streams
 64,256,512,1024``, the CPU per chunk halved; ITL error p99 <= 1 ms unflagged at 256, <= 2 ms at
-512, flagged or <= 5 ms at 1,024.
+512, flagged or <= 5 ms at 1,024; two Dask workers (``--task-runner dask:2``) at 512 streams no
+worse than one client process (``--client-processes 1``) at 256.
 
     .venv/bin/python tests/benchmarks/stream_client.py [--paths cli,bare,vllm]
-        [--streams 1,16,64,256] [--chunks 60] [--gap-ms 10] [--client-processes N]
+        [--streams 1,16,64,256] [--chunks 60] [--gap-ms 10] [--client-processes N | --task-runner dask:N]
         [--transport aiohttp|openai] [--loop asyncio|uvloop]
 
 Not collected by pytest (no test_ prefix); prints, never asserts.
@@ -103,6 +104,8 @@ def _cli(server: gt.GroundTruthServer, args, streams: int) -> tuple[list[Request
         ]  # fmt: skip
         if args.client_processes:  # else the command's own choice (one per 128 streams)
             command += ["--client-processes", str(min(args.client_processes, streams))]
+        if args.task_runner:  # the level's client on Dask workers (tasks.stream.dask_load)
+            command += ["--task-runner", args.task_runner]
         subprocess.run(
             command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}
         )
@@ -232,6 +235,9 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=60)
     parser.add_argument("--gap-ms", type=float, default=10.0)
     parser.add_argument("--client-processes", type=int, default=None, help="cli path; default: its own")
+    parser.add_argument(
+        "--task-runner", default=None, help="cli path: e.g. dask:2 (one client per Dask worker)"
+    )
     parser.add_argument("--transport", default="aiohttp")
     parser.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop"))
     args = parser.parse_args()

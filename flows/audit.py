@@ -27,7 +27,14 @@ from tasks.stream.errors import every_request_failed
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:
     """The audit's body; returns the result dict (with ``errors`` per failed stage)."""
+    from tasks.pipeline.fanout import check_flow_task_runner
+
     logger = get_run_logger()
+    # a run from the Prefect UI or a deployment had no CLI to check these: a task runner that
+    # cannot work (no scheduler at its address) fails the flow run here, before any MLflow run
+    for name, stage in (("profile", config.profile), ("stream", config.stream), ("sweep", config.sweep)):
+        if stage.enabled:
+            check_flow_task_runner(stage.task_runner, f"{name}.task_runner")
     tags = {"model": config.profile.model, "endpoint": config.endpoint.base_url or "embedded"}
     with parent_run(
         "audit",

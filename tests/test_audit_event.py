@@ -282,3 +282,28 @@ def test_a_regressed_audit_fires_the_automation(mlflow_store, workdir, instrumen
     assert change_pct == round(result["regression"]["rows"][0]["change_pct"], 1) and change_pct > 500
     assert f"flow run {state.state_details.flow_run_id}" in body
     assert result["runs_url"] in body
+
+
+def test_an_audit_whose_stream_names_no_scheduler_fails_before_any_run(mlflow_store, workdir):
+    """A deployment's audit (no CLI checked it) whose ``stream.task_runner`` names an address
+    where nothing listens fails in seconds, naming the setting, and leaves no MLflow run."""
+    from mlflow.tracking import MlflowClient
+
+    from flows.audit import audit
+    from tasks.config import load_config
+    from tasks.server import free_port
+
+    cfg = load_config(CONFIGS / "smoke.yaml")
+    cfg.name = f"audit-no-scheduler-{uuid.uuid4().hex[:8]}"
+    cfg.stream.task_runner = f"dask:tcp://127.0.0.1:{free_port()}"  # nothing listens there
+    client = MlflowClient()
+    experiment = client.get_experiment_by_name(cfg.tracking.experiment)
+
+    def runs() -> int:
+        return len(client.search_runs([experiment.experiment_id])) if experiment else 0
+
+    before = runs()
+    state = audit(cfg, return_state=True)
+    assert state.is_failed()
+    assert "stream.task_runner" in state.message and "no Dask scheduler" in state.message, state.message
+    assert runs() == before

@@ -16,6 +16,7 @@ import pytest
 
 from flows.commands.tables import interval_text
 from tasks.stats import percentile
+from tasks.stream.load import MAX_SEND_LEAD_S
 
 try:
     from tests import groundtruth_server as gt
@@ -72,7 +73,11 @@ def test_a_trace_is_replayed_at_its_recorded_times(server, tmp_path) -> None:
     assert m["recorded_request_rate"] == pytest.approx(recorded)
     assert m["achieved_request_rate"] == pytest.approx(recorded, rel=0.01)
     lateness = sorted(r["send_lateness_ms"] for r in level["requests"] if not r["warmup"])
-    assert lateness[0] > -0.01 and m["send_lateness_ms_p99"] == pytest.approx(percentile(lateness, 99))
+    # a send starts by its learned dispatch cost early (tasks.stream.load.SendLead): one whose
+    # dispatch came out cheaper than that lands early, by less than the lead's cap, never more
+    assert lateness[0] > -MAX_SEND_LEAD_S * 1e3 and m["send_lateness_ms_p99"] == pytest.approx(
+        percentile(lateness, 99)
+    )
     # the median send is on time; the tail is the 2 shared cores (the client process descheduled
     # for 5-13 ms now and then: runs of consecutive late sends; CI's run read p99 33.6 ms with
     # p50 0.8 ms), so the tail is bounded only against a pacing that has gone wrong (a blocking

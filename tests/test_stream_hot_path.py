@@ -102,27 +102,33 @@ def test_the_read_bound_ends_a_stall_and_only_a_stall(server) -> None:
 
 def test_a_stamped_stream_wakes_its_loop_rarely_and_keeps_each_reads_times(server, monkeypatch) -> None:
     """Before: the loop woke and framed once per read (42 framer calls for these two requests);
-    now every DRAIN_PERIOD_S and at the end, and each chunk still has its read's own stamps."""
+    now every DRAIN_PERIOD_S and at the end, and each chunk still has its read's own stamps.
+
+    The order of the stamps (sent, then the kernel's, then the read's) holds in every attempt;
+    how soon after each other they come is timing, which a client or instrument descheduled on
+    2 shared cores can stretch for a few chunks (CI: 1 run in 3): measured up to 3 times."""
     blocks: list[bytes] = []
     feed = SSEFramer.feed
     monkeypatch.setattr(SSEFramer, "feed", lambda self, block: blocks.append(block) or feed(self, block))
-    server.reset()
-    r = _stream(server.base_url, "ticks:40:5", 10.0)  # 40 chunks over 0.2 s, after a warm-up
-    assert r.succeeded and r.arrival_clock == "kernel", r.error_message
-    assert len(blocks) <= 2 * (2 + 0.2 / (0.5 * DRAIN_PERIOD_S)), len(blocks)
-    true_ns = server.stamps()["p0"]["text_sent_ns"]
-    kernel_ns = [r.send_ns + offset * 1e6 for offset in r.token_offsets_ms]
-    user_ns = [r.send_ns + offset * 1e6 for offset in r.user_token_offsets_ms]
-    assert len(kernel_ns) == len(user_ns) == len(true_ns) == 40
-    # each chunk's kernel stamp lies just after its send, its user stamp (its read's return) after
-    # that (1 us: the records' rounding)
-    wire_ns = [k - t for k, t in zip(kernel_ns, true_ns)]
-    read_ns = [u - k for u, k in zip(user_ns, kernel_ns)]
-    assert all(-1e3 <= gap < 2e6 for gap in wire_ns) and all(-1e3 <= gap < 5e6 for gap in read_ns), (
-        wire_ns,
-        read_ns,
-    )
-    assert len(set(r.user_token_offsets_ms)) >= 30  # a read's own time, not the loop's few wakes
+    for _ in range(3):
+        blocks.clear()
+        server.reset()
+        r = _stream(server.base_url, "ticks:40:5", 10.0)  # 40 chunks over 0.2 s, after a warm-up
+        assert r.succeeded and r.arrival_clock == "kernel", r.error_message
+        assert len(blocks) <= 2 * (2 + 0.2 / (0.5 * DRAIN_PERIOD_S)), len(blocks)
+        true_ns = server.stamps()["p0"]["text_sent_ns"]
+        kernel_ns = [r.send_ns + offset * 1e6 for offset in r.token_offsets_ms]
+        user_ns = [r.send_ns + offset * 1e6 for offset in r.user_token_offsets_ms]
+        assert len(kernel_ns) == len(user_ns) == len(true_ns) == 40
+        # each chunk's kernel stamp lies after its send, its user stamp (its read's return)
+        # after that (1 us: the records' rounding)
+        wire_ns = [k - t for k, t in zip(kernel_ns, true_ns)]
+        read_ns = [u - k for u, k in zip(user_ns, kernel_ns)]
+        assert min(wire_ns) >= -1e3 and min(read_ns) >= -1e3, (wire_ns, read_ns)
+        assert len(set(r.user_token_offsets_ms)) >= 30  # a read's own time, not the loop's few wakes
+        if max(wire_ns) < 2e6 and max(read_ns) < 5e6:  # just after: the read's own stamps
+            return
+    raise AssertionError(f"stamps late in 3 attempts: wire {max(wire_ns)} ns, read {max(read_ns)} ns")
 
 
 def test_a_stamped_stream_ends_when_its_body_ends(server) -> None:

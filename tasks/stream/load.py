@@ -95,9 +95,9 @@ class SendLead:
     at the instant rather than a dispatch later: the lowest decile of the last :attr:`WINDOW`
     sends' cost from the wake to the bytes handed to the kernel (a send on a new connection
     costs its connect too: a median overshot, 0.4 ms early at the median), at most
-    :data:`MAX_SEND_LEAD_S`, 0 until :attr:`WINDOW` // 4 sends were seen. (Timed transmission the way a pacing NIC or a
-    trading gateway does it: start by the known cost early; the lateness is still measured to
-    the kernel, so a lead that overshoots shows as negative lateness, never hidden.)"""
+    :data:`MAX_SEND_LEAD_S`, 0 until :attr:`WINDOW` // 4 sends were seen. A send lands early
+    by less than the lead, never more (its wake is at most the lead early); the lateness is
+    still measured to the kernel, so an early send shows as negative lateness, never hidden."""
 
     WINDOW = 64
 

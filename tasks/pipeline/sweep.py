@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import tokenizers
+from tasks import asyncrun, tokenizers
 from tasks.config import SweepConfig
 from tasks.endpoint import Endpoint
 from tasks.pipeline.common import STAGE, StageRun
@@ -116,7 +116,7 @@ def sweep_stage(
                     )
                 )
         elif todo:
-            asyncio.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys.__getitem__, keep))
+            asyncrun.run(_sweep_points(cfg, endpoint, todo, tokenizer.encode, keys.__getitem__, keep))
         outcomes = collect_outcomes(
             points,
             keys,
@@ -192,7 +192,7 @@ def sweep_point(cfg: SweepConfig, point: SweepPoint, endpoint: Endpoint | None, 
             model, hf_tokenizer, point, prompt=cfg.prompt, samples=cfg.samples, encode=encode
         )
     encode = tokenizers.load("model", endpoint.tokenizer).encode
-    return asyncio.run(_sweep_points(cfg, endpoint, [point], encode, lambda p: key, None))[0]
+    return asyncrun.run(_sweep_points(cfg, endpoint, [point], encode, lambda p: key, None))[0]
 
 
 def _lost_point(point: SweepPoint, failure: PointFailure) -> PointResult:

@@ -30,7 +30,6 @@ logging, the journal and the tracking client stay in the parent).
 
 from __future__ import annotations
 
-import asyncio
 import gc
 import math
 import multiprocessing as mp
@@ -44,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
+from tasks import asyncrun
 from tasks.bare_main import bare_main
 from tasks.phases import mark
 from tasks.stream.level_result import HistoryTokens, LevelResult, fill_output_tokens
@@ -210,7 +210,7 @@ def _child(
     try:
         mark("client_process_started")
         out.put(("started", k))
-        result = asyncio.run(main())
+        result = asyncrun.run(main())  # not asyncio.run: tasks.asyncrun
         done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
         out.put(("done", {**done, "last_done_ns": result.last_done_ns}))
     except BaseException as exc:  # the parent reports it; a record sent before stays kept

@@ -14,6 +14,7 @@ import os
 import random
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -200,3 +201,122 @@ def test_a_worker_killed_mid_level_is_named_with_the_requests_it_took(client, in
     assert len(ids) == len(set(ids)) == 8 + dead["records"] == len(read_jsonl(journal))
     assert {f"l1-r{i}" for i in range(0, 16, 2)} <= set(ids)  # the first worker's share, whole
     assert all(r.succeeded for r in result.measured if _index(r.request_id) % 2 == 0)
+
+
+def _served(instrument) -> tuple[int, int]:
+    """The instrument's (requests read so far, requests in flight now)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{instrument.port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    read = sum(
+        int(float(line.split()[-1])) for line in text.splitlines() if line.startswith("gt_requests_total")
+    )
+    (flying,) = (
+        int(float(line.split()[-1])) for line in text.splitlines() if line.startswith("gt_in_flight ")
+    )
+    return read, flying
+
+
+def test_the_workers_stop_sending_when_the_command_leaves_mid_level(client, instrument) -> None:
+    """The command leaves at the level's first record (an exception in its record callback,
+    where a Ctrl-C or a crash lands): 48 requests at 16/s over 2 workers, 1.5 s each, so about
+    24 are read and 16 in flight then. Each worker watches its link back to the command: at its
+    end the worker cancels its requests in flight and sends no more (it went on to all 48)."""
+
+    class Leave(Exception):
+        pass
+
+    at_leave: list[tuple[int, int]] = []
+
+    def leave(record) -> None:
+        at_leave.append(_served(instrument))
+        raise Leave
+
+    instrument.reset()
+    with pytest.raises(Leave):
+        run_level_dask(
+            client,
+            Connection(instrument.base_url, None, 30.0),
+            LevelSettings(
+                model="ticks:15:100",
+                prompts=[f"p{i}" for i in range(48)],
+                max_tokens=16,
+                max_concurrency=16,
+                num_requests=48,
+                warmup=0,
+                level=2,
+                request_rate=16.0,
+                burstiness=100.0,
+            ),
+            count_tokens=None,
+            on_record=leave,
+        )
+    ((read, flying),) = at_leave
+    assert 16 <= read <= 32 and flying >= 8, at_leave  # mid-level, many in flight
+    deadline = time.monotonic() + 1.0
+    while _served(instrument)[1] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _served(instrument) == (pytest.approx(read, abs=2), 0)  # cancelled, none sent after
+    time.sleep(1.0)  # (a worker still scheduling would send 16 more in this second)
+    assert _served(instrument)[0] == pytest.approx(read, abs=2)
+
+
+_INTERRUPTED_LEVEL = """
+import signal, sys
+signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the shell left
+from tasks.stream.levels import run_levels
+from tasks.stream.settings import Connection, LevelSettings
+level = LevelSettings(model="ticks:20:100", prompts=[f"p{i}" for i in range(64)], max_tokens=32,
+    max_concurrency=8, num_requests=64, warmup=0, level=1, request_rate=8.0, burstiness=100.0)
+try:
+    run_levels(Connection(sys.argv[1], None, 30.0), [level], count_tokens=None, task_runner="dask:1")
+except KeyboardInterrupt:
+    print("interrupted", file=sys.stderr)
+    sys.exit(130)
+"""
+
+
+def test_a_ctrl_c_mid_level_ends_a_local_cluster_quietly_within_a_second(instrument) -> None:
+    """A process running a level on a LocalCluster of its own (``task_runner="dask:1"``) gets
+    SIGINT on its whole process group (a terminal's Ctrl-C: the Dask worker too) once the
+    instrument has read 4 requests of 2 s each: it prints only its own line, is gone within a
+    second (the worker's level ends as its link closes; the nanny killed it after 4 s), sends
+    nothing more, and leaves no process behind."""
+    import subprocess
+    import sys
+
+    import psutil
+
+    instrument.reset()
+    root = Path(__file__).resolve().parents[1]
+    run = subprocess.Popen(
+        [sys.executable, "-c", _INTERRUPTED_LEVEL, instrument.base_url],
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while _served(instrument)[0] < 4 and run.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        started = psutil.Process(run.pid).children(recursive=True)  # the worker, its helpers
+        sent = time.monotonic()
+        os.killpg(run.pid, signal.SIGINT)
+        out, err = run.communicate(timeout=30)
+        took_s = time.monotonic() - sent
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert (run.returncode, err.splitlines(), out) == (130, ["interrupted"], ""), err
+    assert took_s < 1.5 and len(started) >= 1, (took_s, started)
+    read = _served(instrument)[0]
+    assert 4 <= read <= 6
+    time.sleep(0.5)
+    assert _served(instrument) == (read, 0)  # its requests were cancelled, none sent after
+    gone, alive = psutil.wait_procs(started, timeout=3)
+    assert not alive, alive

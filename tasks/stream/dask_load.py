@@ -37,13 +37,12 @@ they were not.
 from __future__ import annotations
 
 import contextlib
-import os
 import queue
 import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -55,41 +54,13 @@ from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
-__all__ = ["dask_client", "pooled_workers", "run_level_dask"]
+__all__ = ["pooled_workers", "run_level_dask"]
 
+#: Seconds the tasks get to return once the level is over (or left), before they are cancelled.
+FINISH_TIMEOUT_S = 1.0
 #: Seconds from the orchestrator's pick of the start instant to the instant: time for the
 #: start message to reach every worker (a LAN round trip is well under a millisecond).
 START_MARGIN_S = 0.05
-
-
-@contextlib.contextmanager
-def dask_client(choice: Any) -> Iterator[Any]:
-    """A ``distributed.Client`` on the chosen cluster (a ``tasks.taskrunner.DaskChoice``): the
-    scheduler at ``choice.address``, else a LocalCluster of ``choice.workers`` single-threaded
-    worker processes (None: one per core) on 127.0.0.1, closed when the block ends (its worker
-    processes exit when this process does, however it ends: Dask's parent-alive pipe)."""
-    import logging
-
-    from distributed import Client, LocalCluster
-
-    logging.getLogger("distributed").setLevel(logging.WARNING)  # a line per connection otherwise
-    if choice.address:
-        with Client(choice.address) as client:
-            yield client
-        return
-    workers = choice.workers or os.cpu_count() or 1
-    with (
-        LocalCluster(
-            n_workers=workers,
-            threads_per_worker=1,
-            processes=True,
-            host="127.0.0.1",
-            dashboard_address=":0",
-        ) as cluster,
-        Client(cluster) as client,
-    ):
-        client.wait_for_workers(workers, timeout=START_TIMEOUT_S)
-        yield client
 
 
 class _Hub:
@@ -311,11 +282,20 @@ def run_level_dask(
                             w.link.send({"kind": "start", "at_ns": w.start.to_remote(at_ns)})
                 started = True
     finally:
-        hub.close()  # a worker still sending (the level failed) stops at its next record
+        hub.close()  # each worker's client sees its link end: it cancels its requests and returns
         with contextlib.suppress(Exception):  # a cluster gone meanwhile: nothing to cancel
+            _wait(futures, timeout=FINISH_TIMEOUT_S)  # a cancel of a running task: the worker's warning
             client.cancel(futures)
     _finish(result, ws, settings)
     return result
+
+
+def _wait(futures: list[Any], timeout: float) -> None:
+    """Until ``futures`` are done, at most ``timeout`` seconds."""
+    from distributed import wait
+
+    with contextlib.suppress(TimeoutError):
+        wait(futures, timeout=timeout)
 
 
 def _finish(result: LevelResult, ws: list[_Worker], settings: LevelSettings) -> None:

@@ -11,6 +11,11 @@ One JSON object a line over a TCP connection the worker opens to the orchestrato
 - ``done`` (loop lag, CPU seconds, drift, last completion on the worker's clock), round trips
   again, ``bye``; or ``failed`` (the exception) when the worker's level raised.
 
+From ``go`` to ``done`` nothing else flows to the worker but ``start``, so while its client's
+loop runs the worker watches the link for its end (``_Wire``, peeking, never reading): when the
+orchestrator exits, is interrupted or fails, the worker cancels its requests in flight and
+sends no more (its task returns ``"orphaned"``). Its records leave without blocking that loop.
+
 :func:`set_clock_skew` makes a worker's clock read ahead, as one on another host would: its
 pongs, its records' ``send_ns``, its ``last_done_ns``, and the start instant it receives (the
 tests' injected offset, which the alignment must remove).
@@ -115,6 +120,8 @@ def client_task(
         # the collector's full passes skip it (tasks.stream.multiproc measured 64 ms otherwise)
         gc.freeze()
         result = asyncio.run(_measure(k, workers, link, connection, settings, warmup))
+        if result is None:
+            return "orphaned"  # the orchestrator left mid-level: nothing more was sent
         last = result.last_done_ns + _SKEW_NS if result.last_done_ns else 0
         done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
         link.send({"kind": "done", **done, "last_done_ns": last})
@@ -128,6 +135,102 @@ def client_task(
         link.close()
 
 
+class _Wire:
+    """The worker's side of the link while its client's loop runs (a context manager): messages
+    out without blocking the loop (one ``send`` each; what the socket does not take waits for
+    it to drain, in order), and the link's end watched: when the orchestrator closes it (it
+    exited, was interrupted, or failed) every task of the loop is cancelled, the requests in
+    flight with them, and ``closed`` says why. The watcher only peeks: nothing flows to the
+    worker while its level runs, and a message that does arrive is left for :meth:`recv`."""
+
+    def __init__(self, link: Link) -> None:
+        self.link, self.fd = link, link.sock.fileno()
+        self.loop = asyncio.get_running_loop()
+        self.pending = bytearray()
+        self.drained: asyncio.Future[None] | None = None
+        self.closed = False
+
+    def __enter__(self) -> _Wire:
+        self.link.sock.setblocking(False)
+        self.loop.add_reader(self.fd, self._readable)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        self.link.sock.setblocking(True)
+
+    def send(self, message: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        data = json.dumps(message, separators=(",", ":")).encode() + b"\n"
+        if not self.pending:
+            try:
+                sent = self.link.sock.send(data)
+            except BlockingIOError:
+                sent = 0
+            except OSError:
+                self._lost()
+                return
+            if sent == len(data):
+                return
+            data = data[sent:]
+            self.loop.add_writer(self.fd, self._flush)
+        self.pending += data
+
+    def _flush(self) -> None:
+        try:
+            sent = self.link.sock.send(self.pending)
+        except BlockingIOError:
+            return
+        except OSError:
+            self._lost()
+            return
+        del self.pending[:sent]
+        if not self.pending:
+            self.loop.remove_writer(self.fd)
+            if self.drained is not None and not self.drained.done():
+                self.drained.set_result(None)
+
+    async def drain(self) -> None:
+        """Until every message sent has gone to the socket."""
+        if self.pending and not self.closed:
+            self.drained = self.loop.create_future()
+            await self.drained
+
+    async def recv(self) -> dict[str, Any] | None:
+        """The orchestrator's next message, after what was sent has gone (None: it closed);
+        read blocking the loop, which costs nothing when nothing is in flight."""
+        await self.drain()
+        self.loop.remove_reader(self.fd)
+        self.link.sock.setblocking(True)
+        try:
+            return self.link.recv()
+        finally:
+            self.link.sock.setblocking(False)
+            self.loop.add_reader(self.fd, self._readable)
+
+    def _readable(self) -> None:
+        try:
+            peeked = self.link.sock.recv(1, socket.MSG_PEEK)
+        except BlockingIOError:
+            return
+        except OSError:
+            peeked = b""
+        self.loop.remove_reader(self.fd)  # data: a message for recv, left unread
+        if not peeked:
+            self._lost()
+
+    def _lost(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.loop.remove_reader(self.fd)
+        self.loop.remove_writer(self.fd)
+        for task in asyncio.all_tasks(self.loop):
+            task.cancel()
+
+
 async def _measure(
     k: int,
     workers: int,
@@ -135,31 +238,44 @@ async def _measure(
     connection: Connection,
     settings: LevelSettings,
     warmup: LevelSettings | None,
-) -> LevelResult:
+) -> LevelResult | None:
+    """The worker's level (warm-up, ``ready``, ``start``, its share); None when the
+    orchestrator closed the link first (``_Wire``: nothing more was sent)."""
     from tasks.stream.load import connect, run_level  # the transport: in the worker only
-
-    def ship(record: RequestRecord) -> None:
-        data = record.to_json()
-        if data.get("send_ns"):
-            data["send_ns"] += _SKEW_NS
-        link.send({"kind": "record", "record": data})
 
     client = connect(connection, settings.max_concurrency)
     try:
-        if warmup is not None:
-            await run_level(client, warmup, count_tokens=None, on_record=ship)
-        link.send({"kind": "ready"})
-        start = link.recv()  # blocking this loop costs nothing: nothing is in flight
-        if start is None or start["kind"] != "start":
-            raise ConnectionError("the orchestrator left before the level started")
-        return await run_level(
-            client,
-            settings,
-            count_tokens=None,
-            share=(k, workers),
-            start_at=(start["at_ns"] - _SKEW_NS) / 1e9,
-            on_record=ship,
-        )
+        with _Wire(link) as wire:
+
+            def ship(record: RequestRecord) -> None:
+                data = record.to_json()
+                if data.get("send_ns"):
+                    data["send_ns"] += _SKEW_NS
+                wire.send({"kind": "record", "record": data})
+
+            try:
+                if warmup is not None:
+                    await run_level(client, warmup, count_tokens=None, on_record=ship)
+                wire.send({"kind": "ready"})
+                start = await wire.recv()
+                if start is None:
+                    return None
+                if start["kind"] != "start":
+                    raise ConnectionError(f"the orchestrator sent {start['kind']!r}, not the start")
+                result = await run_level(
+                    client,
+                    settings,
+                    count_tokens=None,
+                    share=(k, workers),
+                    start_at=(start["at_ns"] - _SKEW_NS) / 1e9,
+                    on_record=ship,
+                )
+                await wire.drain()
+                return None if wire.closed else result
+            except asyncio.CancelledError:
+                if wire.closed:
+                    return None
+                raise
     finally:
         await client.close()
 

@@ -36,7 +36,8 @@ from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
-from tasks.stream.dask_load import dask_client, pooled_workers, run_level_dask
+from tasks.stream.dask_cluster import dask_client
+from tasks.stream.dask_load import pooled_workers, run_level_dask
 from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes

@@ -15,6 +15,7 @@ from pydantic import AfterValidator, Field
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "FORMS",
     "TASK_RUNNER_FIELD",
     "DaskChoice",
     "TaskRunner",
@@ -39,27 +40,41 @@ class DaskChoice:
         return {"address": self.address, "workers": self.workers}
 
 
+#: The accepted forms, for the messages.
+FORMS = (
+    "give threads (here), dask (a LocalCluster, a worker per core), dask:N (a LocalCluster of N "
+    ">= 1 workers) or dask:tcp://HOST:PORT (a Dask scheduler)"
+)
+
+
 def parse_task_runner(text: str | None) -> DaskChoice | None:
     """``threads``/None -> None (in-process); ``dask`` / ``dask:N`` / ``dask:ADDRESS`` -> a
-    :class:`DaskChoice`.
+    :class:`DaskChoice` (an address ``tcp://`` or ``tls://`` with a host and a port; ``tcp://``
+    when it names none).
 
     Raises:
-        ValueError: anything else (the message says what is accepted)."""
+        ValueError: anything else, e.g. ``dask:abc``, ``dask:0``, ``dask:-1`` (one line naming
+            the accepted forms: :data:`FORMS`)."""
     if text is None or text == "threads":
         return None
     kind, sep, rest = text.partition(":")
     if kind != "dask" or (sep and not rest):
-        raise ValueError(
-            f"{text!r} is not a task runner; give threads, dask, dask:N (a LocalCluster of N "
-            "workers) or dask:ADDRESS (e.g. dask:tcp://127.0.0.1:8786)"
-        )
+        raise ValueError(f"{text!r} is not a task runner: {FORMS}")
     if not rest:
         return DaskChoice()
-    if rest.isdigit():
+    if rest.lstrip("+-").isdigit():
         if int(rest) < 1:
-            raise ValueError(f"{text!r}: a LocalCluster needs at least 1 worker (dask:1)")
+            raise ValueError(f"{text!r} is not a task runner (N must be at least 1): {FORMS}")
         return DaskChoice(workers=int(rest))
-    return DaskChoice(address=rest if "://" in rest else f"tcp://{rest}")
+    address = rest if "://" in rest else f"tcp://{rest}"
+    parsed = urlparse(address)
+    try:
+        port = parsed.port
+    except ValueError:  # not a number, or out of range
+        port = None
+    if parsed.scheme not in ("tcp", "tls") or not parsed.hostname or not port:
+        raise ValueError(f"{text!r} is not a task runner (a scheduler needs a host and a port): {FORMS}")
+    return DaskChoice(address=address)
 
 
 def check_task_runner(text: str | None) -> DaskChoice | None:
@@ -73,8 +88,6 @@ def check_task_runner(text: str | None) -> DaskChoice | None:
     if choice is None or choice.address is None:
         return choice
     parsed = urlparse(choice.address)
-    if parsed.scheme not in ("tcp", "tls") or not parsed.hostname or not parsed.port:
-        raise ValueError(f"{choice.address!r}: give a Dask scheduler as dask:tcp://HOST:PORT")
     try:
         with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
             pass

@@ -31,6 +31,26 @@ BIN = Path(sys.executable).parent / "infermeter"
         (["sweep", "--target", "local", "--task-runner", "dask:tcp://127.0.0.1:{port}"], "no Dask scheduler"),
         (["profile", "--task-runner", "dask:127.0.0.1:{port}"], "no Dask scheduler"),
         (["sweep", "--target", "local", "--task-runner", "ray"], "not a task runner"),
+        (["sweep", "--target", "local", "--task-runner", "dask:-1"], "(N must be at least 1): give threads"),
+        (
+            [
+                "stream",
+                "--base-url",
+                "http://127.0.0.1:{port}/v1",
+                "--model",
+                "m",
+                "--task-runner",
+                "dask:abc",
+            ],
+            "'dask:abc' is not a task runner (a scheduler needs a host and a port): give threads",
+        ),
+        (
+            ["stream", "--base-url", "http://127.0.0.1:{port}/v1", "--model", "m", "--task-runner", "dask:2"]
+            + ["--client-processes", "2"],
+            "error: client_processes (--client-processes) counts client processes on this machine; "
+            "with task_runner dask:2 (--task-runner) each Dask worker runs one client: set the "
+            "workers with dask:N, or drop one of them",
+        ),
         (["sweep", "--target", "local", "--compare-workers", "1,2"], "--compare-workers"),
     ],
 )

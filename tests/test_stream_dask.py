@@ -27,6 +27,7 @@ from tasks.stream.dask_wire import set_clock_skew
 from tasks.stream.levels import run_levels
 from tasks.stream.records import RecordWriter, read_jsonl
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.taskrunner import FORMS, DaskChoice, parse_task_runner
 
 try:
     from tests.dask_cluster import dask_cluster
@@ -67,6 +68,29 @@ def test_the_config_refuses_client_processes_beside_dask_and_an_unknown_runner()
         StreamConfig(task_runner="dask:2", client_processes=2)
     with pytest.raises(ValueError, match="not a task runner"):
         StreamConfig(task_runner="ray")
+
+
+def test_the_task_runner_parser_reads_each_form_and_names_them_for_anything_else() -> None:
+    assert parse_task_runner("threads") is None and parse_task_runner(None) is None
+    assert parse_task_runner("dask") == DaskChoice()
+    assert parse_task_runner("dask:3") == DaskChoice(workers=3)
+    assert parse_task_runner("dask:tls://10.0.0.5:8786") == DaskChoice(address="tls://10.0.0.5:8786")
+    assert parse_task_runner("dask:host:8786") == DaskChoice(address="tcp://host:8786")
+    for bad, why in [
+        ("dask:abc", "(a scheduler needs a host and a port)"),  # it said 'tcp://abc' is no address
+        ("dask:tcp://abc", "(a scheduler needs a host and a port)"),
+        ("dask:host:99999", "(a scheduler needs a host and a port)"),
+        ("dask:-1", "(N must be at least 1)"),  # it said 'tcp://-1'
+        ("dask:0", "(N must be at least 1)"),
+        ("dask:", ""),
+        ("ray", ""),
+    ]:
+        with pytest.raises(ValueError) as caught:
+            parse_task_runner(bad)
+        assert str(caught.value) == f"{bad!r} is not a task runner{' ' * bool(why)}{why}: {FORMS}"
+    assert FORMS.endswith(
+        "dask:N (a LocalCluster of N >= 1 workers) or dask:tcp://HOST:PORT (a Dask scheduler)"
+    )
 
 
 # Levels on a LocalCluster ---------------------------------------------------------------------

@@ -38,7 +38,8 @@ def describe_validation_error(
     ``model``: the config model validated, so an unknown key (a typo) gets the closest valid
     key at its level (``difflib.get_close_matches``). ``names``: field location -> what the user
     typed for it (a CLI flag such as ``--num-requests``), named instead of ``source: loc`` (the
-    longest location that is a prefix of the error's).
+    longest location that is a prefix of the error's); an error of the part that holds them
+    (a check across its fields) is its message alone.
     """
     first = error.errors()[0]
     loc = tuple(first["loc"])
@@ -55,6 +56,10 @@ def describe_validation_error(
     for end in range(len(loc), 0, -1):  # an item of a list (stream.max_concurrency.0) too
         if names and loc[:end] in names:
             return f"{names[loc[:end]]}: {message}{suffix}"
+    if names and first["type"] == "value_error" and any(key[: len(loc)] == loc for key in names):
+        # a check across fields of a part the user set some of (client_processes with
+        # task_runner): its message names the fields and their flags; no location is a flag
+        return f"{message}{suffix}"
     return f"{source}: {where}: {message}{suffix}"
 
 

@@ -19,7 +19,7 @@ def words(text: str) -> int:
     return len(text.split())
 
 
-def measure(base_url: str, model: str, *, api: str, transport: str = "aiohttp", **kwargs) -> RequestRecord:
+def measure(base_url: str, model: str, *, api: str, transport: str = "sse", **kwargs) -> RequestRecord:
     """One ``api`` request to the instrument's ``model`` (a scenario) with a fresh client of
     ``transport``, after a warm-up on the same connection; ``kwargs`` go to ``stream_chat``."""
 

@@ -3,7 +3,7 @@
 The ground-truth instrument plays every chat scenario on ``/v1/completions`` with the same
 schedule, its chunks in the completions shape (``choices[].text``), so the same expectations
 hold: TTFT to the first text, one ITL per gap, E2E to the last text, usage over the chunk count,
-and the same error classes. Both transports (aiohttp + own SSE parser, the openai client).
+and the same error classes. Both transports (our HTTP/1.1 + SSE parser, the openai client).
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-@pytest.fixture(params=["aiohttp", "openai"])
+@pytest.fixture(params=["sse", "openai"])
 def transport(request) -> str:
     return request.param
 

@@ -108,7 +108,7 @@ def test_sglang_counters_and_an_unknown_block_size_warned_then_told(server, capl
     assert known.metrics["prefix_cache_hit_rate"] == pytest.approx(12 / 28)
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+@pytest.mark.parametrize("transport", ["sse", "openai"])
 def test_llamacpp_timings_cache_n_is_read_per_request(server, transport) -> None:
     """llama.cpp's own server reports no cached tokens in its usage but ``timings.cache_n`` in
     its final ``choices: []`` chunk: read per request by both transports (issue 31)."""

@@ -7,7 +7,7 @@ schedule, as the Responses API's events (``event:`` + ``data:`` lines; text in
 TTFT to the first text, one ITL per gap, E2E to the last text, usage over the chunk count, the
 same error classes; and a body that ends before ``response.completed`` or
 ``response.incomplete`` is cut (``stream_broken``), never a success (vLLM PR #54628's review).
-Both transports (aiohttp + own SSE parser, the openai client's ``responses.create``).
+Both transports (our HTTP/1.1 + SSE parser, the openai client's ``responses.create``).
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-@pytest.fixture(params=["aiohttp", "openai"])
+@pytest.fixture(params=["sse", "openai"])
 def transport(request) -> str:
     return request.param
 
@@ -74,7 +74,7 @@ def test_schedule_same_definitions_as_chat(server, transport) -> None:
     assert (r.output_tokens, r.output_tokens_source) == (gt.SCHEDULE_USAGE_TOKENS, "usage")
     assert (r.input_tokens, r.usage_prompt_tokens, r.cached_tokens) == (11, 11, 0)
     assert r.tpot_ms == pytest.approx((r.e2e_ms - r.ttft_ms) / (gt.SCHEDULE_USAGE_TOKENS - 1))
-    assert r.arrival_clock == ("kernel" if transport == "aiohttp" else "user")
+    assert r.arrival_clock == ("kernel" if transport == "sse" else "user")
     chat = measure(server.base_url, "schedule", transport=transport, api="chat")
     assert chat.output_text == r.output_text and len(chat.itl_ms) == len(r.itl_ms)
     assert abs(chat.ttft_ms - r.ttft_ms) < TOL_MS

@@ -52,7 +52,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-@pytest.fixture(params=["aiohttp", "openai"])
+@pytest.fixture(params=["sse", "openai"])
 def transport(request) -> str:
     """Both transports must give the same records (tasks.stream.client)."""
     return request.param
@@ -64,7 +64,7 @@ def measure(
     *,
     timeout_s: float = 10.0,
     warm: bool = True,
-    transport: str = "aiohttp",
+    transport: str = "sse",
     **kwargs,
 ) -> RequestRecord:
     """One request with a fresh client, after one warm-up request on the same connection."""
@@ -202,7 +202,7 @@ def test_byte_splits_and_crlf(server: gt.GroundTruthServer, transport) -> None:
     assert 60 <= r.ttft_ms <= 60 + TOL_MS  # the first event completes with the second write
     assert len(r.itl_ms) == 2
     assert 30 - 15 <= r.itl_ms[0] <= 30 + TOL_MS
-    if transport == "aiohttp":  # two events in one read share its arrival time
+    if transport == "sse":  # two events in one read share its arrival time
         assert r.itl_ms[1] == 0.0
     assert r.output_tokens == 3
 

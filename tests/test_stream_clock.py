@@ -43,9 +43,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-def one(
-    base_url: str, model: str, *, arrival_clock: str = "kernel", transport: str = "aiohttp"
-) -> RequestRecord:
+def one(base_url: str, model: str, *, arrival_clock: str = "kernel", transport: str = "sse") -> RequestRecord:
     """One request on a fresh client, after a warm-up request on the same connection."""
 
     async def main() -> RequestRecord:

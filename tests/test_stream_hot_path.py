@@ -47,7 +47,7 @@ def test_loads_reads_what_the_standard_library_reads() -> None:
 
 
 def _stream(base_url: str, model: str, timeout_s: float, timers: list[float] | None = None) -> RequestRecord:
-    """One request on a fresh aiohttp client (after a warm-up on the same connection); with
+    """One request on a fresh client (after a warm-up on the same connection); with
     ``timers``, the delay of every timer the loop was asked for during the measured request."""
 
     async def main() -> RequestRecord:

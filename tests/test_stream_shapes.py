@@ -47,7 +47,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
         yield handle
 
 
-def one(base_url: str, model: str, *, transport: str = "aiohttp", clock: str = "kernel") -> RequestRecord:
+def one(base_url: str, model: str, *, transport: str = "sse", clock: str = "kernel") -> RequestRecord:
     """One request (counted by :func:`words` when the usage cannot be), after a warm-up on the
     same connection."""
 
@@ -181,7 +181,7 @@ def test_reasoning_without_totals() -> None:
 # 5. Tool calls are generated text ---------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+@pytest.mark.parametrize("transport", ["sse", "openai"])
 def test_a_tool_call_reply_is_timed_and_a_success(server, transport) -> None:
     r = one(server.base_url, "tool_call", transport=transport)
     assert r.succeeded, r.error_message  # was empty_response
@@ -204,7 +204,7 @@ def test_tool_calls_are_counted_when_there_is_no_usage() -> None:
 # 6. An answer that just stops -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["aiohttp", "openai"])
+@pytest.mark.parametrize("transport", ["sse", "openai"])
 def test_a_body_that_ends_without_finish_usage_or_done_is_not_a_success(server, transport) -> None:
     r = one(server.base_url, "no_end", transport=transport)
     assert r.error_class == "stream_broken" and not r.succeeded

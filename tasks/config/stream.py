@@ -73,7 +73,7 @@ class StreamConfig(_Strict):
     arrival_clock: Literal["kernel", "user"] = Field(
         "kernel",
         description="Clock of the chunk arrivals: kernel (the kernel's receive time of each read; "
-        "Linux with the aiohttp transport, else the user clock, said in the log) or user (when "
+        "Linux with the sse transport, else the user clock, said in the log) or user (when "
         "the client's event loop read it).",
     )
     client_bound_coalesced_fraction: float = Field(

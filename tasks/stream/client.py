@@ -29,7 +29,7 @@ text-carrying chunks this module collects:
   ``response.completed`` in the chat names); a body that ends before ``response.completed`` or
   ``response.incomplete`` is ``stream_broken``.
 
-Two transports give the same record: :class:`SSEClient` (aiohttp with our own SSE parser; the
+Two transports give the same record: :class:`SSEClient` (our own HTTP/1.1 and SSE parser; the
 default of ``tasks.stream.load.make_client``) and the openai client's ``AsyncOpenAI``. Their
 receive loops (only a clock read, the text lookup and list appends inside; no logging, no
 tokenizing, no string joins) and why there are two are in :mod:`tasks.stream.transports`; this
@@ -42,16 +42,15 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import aiohttp
 import openai
 
-from tasks.stream import rxclock
+from tasks.stream import h1, rxclock
 from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
 from tasks.stream.level_result import fill_output_tokens
 from tasks.stream.records import RequestRecord
 from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
 from tasks.stream.timing import chunk_timing
-from tasks.stream.transports import connection_trace, new_state, receive_openai, receive_sse
+from tasks.stream.transports import new_state, receive_openai, receive_sse
 from tasks.stream.usage import read_usage
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
@@ -139,15 +138,18 @@ def build_request(
 
 
 class SSEClient:
-    """An OpenAI-compatible chat-completions client over aiohttp; :func:`stream_chat` reads its
-    streams with the SSE parser of :func:`tasks.stream.transports.receive_sse`.
+    """An OpenAI-compatible chat-completions client over the stream client's own HTTP/1.1
+    (:mod:`tasks.stream.h1`); :func:`stream_chat` reads its streams with the SSE parser of
+    :func:`tasks.stream.transports.receive_sse`.
 
     The same interface as the parts of ``AsyncOpenAI`` the stream client uses: ``api_key``,
     ``base_url`` and ``await close()``. ``request_timeout_s`` bounds connecting and each read
     (the wait for the next bytes), as the openai client's timeout does; there are no retries.
-    The aiohttp session is made on first use, inside the running event loop. ``kernel_clock``:
-    its sockets stamp receives in the kernel (:mod:`tasks.stream.rxclock`; Linux only, else
-    the user-space clock).
+    ``kernel_clock``: its sockets stamp receives in the kernel (:mod:`tasks.stream.rxclock`;
+    Linux only, else the user-space clock).
+
+    Raises:
+        ValueError: ``base_url`` is not an http(s) URL.
     """
 
     def __init__(
@@ -155,7 +157,6 @@ class SSEClient:
         base_url: str,
         api_key: str | None,
         request_timeout_s: float,
-        max_connections: int,
         kernel_clock: bool = True,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -169,33 +170,13 @@ class SSEClient:
             "Accept": "text/event-stream",
             "Accept-Encoding": "identity",
         }
-        # Each read's bound is the receive loop's (tasks.stream.transports.ReadDeadline), not
-        # aiohttp's sock_read, which re-arms a timer on every read.
         self.request_timeout_s = request_timeout_s
-        self._timeout = aiohttp.ClientTimeout(
-            total=None, connect=request_timeout_s, sock_connect=request_timeout_s, sock_read=None
-        )
-        self._limit = max(1, max_connections)
         self.kernel_clock = kernel_clock and rxclock.SUPPORTED
-        self._session: aiohttp.ClientSession | None = None
-
-    def session(self) -> aiohttp.ClientSession:
-        if self._session is None:
-            factory = rxclock.stamped_socket if self.kernel_clock else None
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(
-                    limit=self._limit, limit_per_host=self._limit, socket_factory=factory
-                ),
-                timeout=self._timeout,
-                auto_decompress=False,
-                trace_configs=[connection_trace()],
-            )
-        return self._session
+        self.pool = h1.Pool(self.base_url, self.kernel_clock)
 
     async def close(self) -> None:
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the kept connections."""
+        await self.pool.close()
 
 
 async def stream_chat(
@@ -245,14 +226,13 @@ async def stream_chat(
     failure: BaseException | None = None
     perf = time.perf_counter_ns
     if isinstance(client, SSEClient):
-        client.session()  # made before the clock starts
         url = client.completions_url if api == "completions" else client.url
         receive = receive_sse
         if api == "responses":
             url, receive = client.responses_url, receive_responses
         send_ns = perf()
         try:
-            await receive(client.session(), url, client.headers, kwargs, state, client.request_timeout_s)
+            await receive(client.pool, url, client.headers, kwargs, state, client.request_timeout_s)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a classified record
             failure = exc
     else:

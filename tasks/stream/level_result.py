@@ -1,5 +1,5 @@
 """A level's result as a client process returns it and as the command's process completes it,
-without the transport (no openai, aiohttp or HTTP client imported): the command's process
+without the transport (no openai or HTTP client imported): the command's process
 imports this, the client processes ``tasks.stream.load`` (0.5 s of openai's import off the
 command's path: tests/benchmarks/command_phases.py).
 

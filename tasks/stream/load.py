@@ -85,7 +85,7 @@ async def wait_until(when_s: float) -> None:
 
 
 #: The most a scheduled send starts before its instant (:class:`SendLead`): the dispatch cost it
-#: learns is 0.3-0.4 ms here (a task to run, the semaphore, aiohttp's request to the kernel); a
+#: learns is 0.3-0.4 ms here (a task to run, the semaphore, the request written to the kernel); a
 #: larger figure is a stalled loop, which no lead should chase.
 MAX_SEND_LEAD_S = 0.0006
 
@@ -320,28 +320,28 @@ def make_client(
     api_key: str | None,
     request_timeout_s: float,
     max_concurrency: int,
-    transport: str = "aiohttp",
+    transport: str = "sse",
     arrival_clock: str = "kernel",
 ) -> SSEClient | openai.AsyncOpenAI:
     """A streaming client with no retries, the given timeout, and room for the concurrency.
 
-    ``transport``: ``"aiohttp"`` (default; :class:`tasks.stream.client.SSEClient`, chosen on the
-    benchmark's numbers) or ``"openai"`` (``AsyncOpenAI`` over httpx2). Both give the same
+    ``transport``: ``"sse"`` (default; :class:`tasks.stream.client.SSEClient`: our HTTP/1.1 and
+    SSE parser, chosen on the benchmark's numbers) or ``"openai"`` (``AsyncOpenAI`` over httpx2). Both give the same
     records. No retries: a retried request would hide an error and stretch its latency. The
     timeout applies to connecting and to each read (the wait for the next chunk). With no key a
     placeholder is sent (servers without auth ignore it). ``arrival_clock``: ``"kernel"``
-    (default) stamps arrivals with the kernel's receive times where it can (aiohttp on Linux;
+    (default) stamps arrivals with the kernel's receive times where it can (``sse`` on Linux;
     ``tasks.stream.rxclock``), ``"user"`` with the event loop's reads; the openai transport has
     only the user clock.
 
     Raises:
         ValueError: an unknown transport.
     """
-    room = max(max_concurrency, 1) + 8
-    if transport == "aiohttp":
-        return SSEClient(base_url, api_key or "no-key", request_timeout_s, room, arrival_clock == "kernel")
+    if transport == "sse":  # its connections are the level's: the level's gate bounds them
+        return SSEClient(base_url, api_key or "no-key", request_timeout_s, arrival_clock == "kernel")
     if transport != "openai":
-        raise ValueError(f"transport must be 'aiohttp' or 'openai', got {transport!r}")
+        raise ValueError(f"transport must be 'sse' or 'openai', got {transport!r}")
+    room = max(max_concurrency, 1) + 8
     http_client = openai.DefaultAsyncHttpx2Client(
         timeout=httpx2.Timeout(request_timeout_s),
         limits=httpx2.Limits(max_connections=room, max_keepalive_connections=room),

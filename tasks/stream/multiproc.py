@@ -106,10 +106,10 @@ def start_fork_server() -> None:
     """Start the fork server now, so that its imports run beside the caller's own work (the
     first level then finds it ready); a no-op where it runs already or is not used.
 
-    One started under another environment is replaced first: its preloaded modules read the
-    environment when they were imported (aiohttp builds its TLS context then, with
-    ``SSL_CERT_FILE`` as it was), so a process that changed a variable since (a library user, a
-    test) gets a fork server that sees the change, as a spawned child would."""
+    One started under another environment is replaced first: its children inherit the
+    environment it started with (a client's TLS context reads ``SSL_CERT_FILE`` from it), so a
+    process that changed a variable since (a library user, a test) gets a fork server that sees
+    the change, as a spawned child would."""
     global _SERVER_ENVIRON
     if not _LINUX:
         return
@@ -170,7 +170,7 @@ def _child(
     started in), run the warm-up when given one (on the connection the level then reuses),
     report ready, wait for the start instant, run its share. (Its environment is the
     command's: :func:`start_fork_server`.)"""
-    # the transport (openai, aiohttp) is imported here, in the client process (the fork
+    # the transport (openai, tasks.stream.h1) is imported here, in the client process (the fork
     # server has it preloaded: client_context), never in the command's own process
     from tasks.stream.load import connect, run_level
 

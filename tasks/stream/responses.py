@@ -34,8 +34,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import aiohttp
-
+from tasks.stream import h1
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
 from tasks.stream.sse import SSEFramer, loads
 from tasks.stream.transports import _event_error, _shape_error, arrived, sse_body
@@ -144,7 +143,7 @@ def _cut(state: dict[str, Any]) -> StreamError:
 
 
 async def receive_responses(
-    session: aiohttp.ClientSession,
+    pool: h1.Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],
@@ -164,7 +163,7 @@ async def receive_responses(
     (``stream_broken``).
     """
     calls, text_events = state["tool_calls"], TEXT_EVENTS
-    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (blocks, log):
+    async with sse_body(pool, url, headers, kwargs, state, timeout_s) as (blocks, log):
         framer = SSEFramer()
         async for block, now_ns in blocks:
             for position, payload in framer.feed(block):

@@ -7,28 +7,28 @@ streams, or waited for a CPU). The kernel stamps every received segment when it 
 software receive timestamps) every ``recvmsg`` returns, as ancillary data, the
 ``CLOCK_REALTIME`` time at which the last segment it read was received.
 
-:class:`StampedSocket` is the socket the aiohttp connector makes (``TCPConnector(socket_factory=
-stamped_socket)``). asyncio's selector transport reads it with ``recv`` (or ``recv_into`` for a
-buffered protocol, which is what TLS uses: the stamp then belongs to the raw read that delivered
-the encrypted bytes, before decryption) and writes it with ``send``; the subclass reads with
-``recvmsg`` instead and keeps, per read, the kernel time, and the time the last ``send`` of a
-request returned. uvloop, or any transport that does not read through the Python socket object,
-never calls these methods: no stamp is taken and the records fall back to the user-space clock.
+:class:`StampedSocket` is the socket the stream client's HTTP/1.1 connections use
+(:mod:`tasks.stream.h1`). asyncio's selector transport reads it with ``recv`` (or ``recv_into``
+for a buffered protocol, which is what TLS uses: the stamp then belongs to the raw read that
+delivered the encrypted bytes, before decryption) and writes it with ``send``; the subclass reads
+with ``recvmsg`` instead and keeps the last read's kernel time and return time, and the time the
+last ``send`` of a request returned. uvloop, or any transport that does not read through the
+Python socket object, never calls these methods: no stamp is taken and the records fall back to
+the user-space clock.
 
-Which read delivered which SSE event: the HTTP parser feeds the body bytes of a read into the
-response's ``StreamReader`` synchronously, in the same loop callback as the read. So the reader's
-``total_bytes`` when a read returns is where that read's body bytes start; the socket keeps, per
-read, ``(body start offset, kernel ns, perf_counter_ns it returned)`` in the response's
+Which read delivered which SSE event: the transport hands a read's bytes to the HTTP protocol in
+the same loop callback as the read, so the protocol keeps, per read that delivered body bytes,
+``(body start offset, kernel ns, perf_counter_ns it returned)`` in the response's
 :class:`ReadLog`, and an event is stamped with the last read that started at or before the
 event's last byte (:meth:`ReadLog.stamps_at`). Events delivered by one read share its time:
-rightly when the server wrote them together; wrongly when the client fell behind, the kernel queued several
-segments and one late read took them all (the stamp is the last segment's). Those are
-*coalesced* events (:func:`coalesced_events`, counted per request and level).
+rightly when the server wrote them together; wrongly when the client fell behind, the kernel
+queued several segments and one late read took them all (the stamp is the last segment's).
+Those are *coalesced* events (:func:`coalesced_events`, counted per request and level).
 
 Because every read is stamped as it happens, the receive loop need not wake for each one: on a
-stamped socket :func:`body_blocks` hands it what the body has buffered every
-:data:`DRAIN_PERIOD_S` and at the body's end (README "Cheaper per chunk": the wake-up per read,
-a future, a task step and aiohttp's ``readany``, was ~6 us of CPU per chunk at 128 streams).
+stamped socket the body is handed to it every :data:`DRAIN_PERIOD_S` and at the body's end
+(``tasks.stream.h1.Response.blocks``; README "Cheaper per chunk": the wake-up per read was ~6 us
+of CPU per chunk at 128 streams).
 
 The records' clock is ``time.perf_counter_ns`` (CLOCK_MONOTONIC). A kernel stamp is converted by
 subtracting ``CLOCK_REALTIME - CLOCK_MONOTONIC`` measured right after the request's stream
@@ -40,14 +40,11 @@ Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival
 
 from __future__ import annotations
 
-import asyncio
 import bisect
-import random
 import socket
 import struct
 import sys
 import time
-from collections.abc import AsyncIterator
 from typing import Any
 
 #: ``SO_TIMESTAMPNS`` (Linux value 35 where Python does not export the name). The ancillary
@@ -57,6 +54,7 @@ _TIMESPEC = struct.Struct("@qq")  # struct timespec on 64-bit Linux: tv_sec, tv_
 _ANCILLARY_BYTES = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 64
 #: Whether this platform can stamp receives in the kernel (Linux with recvmsg).
 SUPPORTED = sys.platform.startswith("linux") and hasattr(socket.socket, "recvmsg")
+_perf_ns = time.perf_counter_ns
 
 
 def realtime_offset_ns(tries: int = 5) -> int:
@@ -76,18 +74,18 @@ def realtime_offset_ns(tries: int = 5) -> int:
 
 
 class ReadLog:
-    """The reads of one response body on a :class:`StampedSocket`, kept apart from the socket:
-    aiohttp hands the connection to the next request as soon as the body's last byte is read,
-    before the receive loop may have taken it (:func:`body_blocks`), and that request's reads
-    must not touch these. Per read: where its body bytes start (the reader's ``total_bytes``
-    when it returned), its kernel ns and the ``perf_counter_ns`` it returned."""
+    """The reads of one response body: per read that delivered body bytes, where those bytes
+    start in the body (0-based), its kernel ns (CLOCK_REALTIME; 0: no stamp) and the
+    ``perf_counter_ns`` it returned. Filled by the HTTP protocol in the loop callback of each
+    read (``tasks.stream.h1``), kept by the receive loop after the connection serves the next
+    request."""
 
-    __slots__ = ("reader", "reads_ns", "rx_ns", "starts")
+    __slots__ = ("reads_ns", "rx_ns", "starts")
 
-    def __init__(self, reader: Any, rx_ns: int, read_ns: int) -> None:
-        self.reader = reader  # the response's aiohttp StreamReader
-        # body bytes fed before (they came with the headers) belong to the last read
-        self.starts, self.rx_ns, self.reads_ns = [0], [rx_ns], [read_ns]
+    def __init__(self) -> None:
+        self.starts: list[int] = []
+        self.rx_ns: list[int] = []
+        self.reads_ns: list[int] = []
 
     def stamps_at(self, offset: int) -> tuple[int, int]:
         """``(perf_counter_ns, kernel ns)`` of the read that delivered body byte ``offset``
@@ -98,17 +96,16 @@ class ReadLog:
 
 
 class StampedSocket(socket.socket):
-    """A TCP socket that keeps, for each read, the kernel receive time and the time the read
-    returned (in the :class:`ReadLog` of the response being read), and the time its last
-    ``send`` returned (module docstring).
+    """A TCP socket that keeps, for its last read, the kernel receive time and the time the read
+    returned, and the time its last ``send`` returned (module docstring). The protocol reading
+    it takes them in the same loop callback as the read.
 
     Attributes:
         rx_ns: kernel CLOCK_REALTIME ns of the last read that carried a stamp (0: none yet).
-        read_ns: ``perf_counter_ns`` when that read returned (the user-space clock's arrival).
+        read_ns: ``perf_counter_ns`` when the last read returned (the user-space clock's arrival).
         sent_ns: ``perf_counter_ns`` when the last ``send`` returned (the request's last byte
             was handed to the kernel); 0 before any.
         created_ns: ``perf_counter_ns`` when the socket was made (the connection's start).
-        log: the :class:`ReadLog` of the response being read (:meth:`attach`), or None.
     """
 
     def __init__(self, family: int, type_: int, proto: int) -> None:
@@ -116,12 +113,16 @@ class StampedSocket(socket.socket):
         self.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
         self.created_ns = time.perf_counter_ns()
         self.rx_ns = self.read_ns = self.sent_ns = 0
-        self.log: ReadLog | None = None
 
     # The three calls asyncio's selector transport makes. ---------------------------------
     def recv(self, bufsize: int, flags: int = 0) -> bytes:  # noqa: D102
         data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY_BYTES, flags)
-        self._took(ancillary)
+        self.read_ns = _perf_ns()
+        # inline, not a call per read: this runs once per chunk (README "Cheaper per chunk")
+        for level, kind, payload in ancillary:
+            if kind == SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                self.rx_ns = sec * 1_000_000_000 + nsec
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # noqa: D102
@@ -129,39 +130,21 @@ class StampedSocket(socket.socket):
         if nbytes:
             view = view[:nbytes]
         count, ancillary, _, _ = self.recvmsg_into([view], _ANCILLARY_BYTES, flags)
+        self.read_ns = _perf_ns()
         self._took(ancillary)
         return count
 
     def send(self, data: Any, flags: int = 0) -> int:  # noqa: D102
         count = super().send(data, flags)
-        self.sent_ns = time.perf_counter_ns()
+        self.sent_ns = _perf_ns()
         return count
 
     def _took(self, ancillary: list[tuple[int, int, bytes]]) -> None:
-        """A read returned: keep its stamps, and where its body bytes start (the transport feeds
-        them to the reader right after this call, in the same callback)."""
-        self.read_ns = time.perf_counter_ns()
+        """Keep a read's kernel stamp (its ``SCM_TIMESTAMPNS`` message)."""
         for level, kind, payload in ancillary:
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(payload)
                 self.rx_ns = sec * 1_000_000_000 + nsec
-        log = self.log
-        if log is not None:
-            log.starts.append(log.reader.total_bytes)
-            log.rx_ns.append(self.rx_ns)
-            log.reads_ns.append(self.read_ns)
-
-    # The receive loop's side. -------------------------------------------------------------
-    def attach(self, reader: Any) -> ReadLog:
-        """Start logging the reads of a new response's body (``reader``: its aiohttp
-        ``StreamReader``); the log is the receive loop's to keep."""
-        self.log = ReadLog(reader, self.rx_ns, self.read_ns)
-        return self.log
-
-    def detach(self, log: ReadLog) -> None:
-        """Stop logging into ``log`` (unless the socket already serves the next response)."""
-        if self.log is log:
-            self.log = None
 
 
 #: Mean seconds between a stamped receive loop's looks at its body (module docstring). Each wait
@@ -171,70 +154,16 @@ class StampedSocket(socket.socket):
 DRAIN_PERIOD_S = 0.1
 
 
-async def body_blocks(content: Any, log: ReadLog | None) -> AsyncIterator[tuple[bytes, int]]:
-    """A response body's bytes (``content``: its aiohttp ``StreamReader``), each block with the
-    ``perf_counter_ns`` it was taken at. Without a stamped socket's ``log``, each read as it
-    comes (the user-space clock is this loop's). With one, what is buffered every
-    :data:`DRAIN_PERIOD_S`, and at once when the body ends or fails (a wait on its end, which
-    aiohttp also wakes with the body's exception: raised here after the bytes that came before
-    it); the stamps are the log's (:meth:`ReadLog.stamps_at`)."""
-    perf = time.perf_counter_ns
-    if log is None:
-        async for block in content.iter_any():
-            yield block, perf()
-        return
-    loop = asyncio.get_running_loop()
-    wake: list[asyncio.Future[None]] = []
-
-    def ring(ended: asyncio.Task[None] | None = None) -> None:
-        if ended is not None and not ended.cancelled():
-            ended.exception()  # retrieved: the loop raises the reader's own
-        if wake and not wake[0].done():
-            wake[0].set_result(None)
-
-    ended = loop.create_task(content.wait_eof())
-    ended.add_done_callback(ring)
-    try:
-        while True:
-            # aiohttp's read_nowait raises a failed body's exception before the bytes it still
-            # holds (a cut stream's last text): those are taken first
-            block = content._read_nowait(-1) if content.exception() else content.read_nowait()
-            if block:
-                yield block, perf()
-                continue  # the body may have ended with this block: look again before waiting
-            if content.exception():
-                raise content.exception()
-            if content.at_eof() or ended.done():
-                return
-            wake[:] = [loop.create_future()]
-            timer = loop.call_later(DRAIN_PERIOD_S * (0.5 + random.random()), ring)
-            await wake[0]
-            timer.cancel()
-    finally:
-        ended.cancel()
-
-
-def stamped_socket(addr_info: tuple) -> socket.socket:
-    """aiohttp's ``socket_factory``: a :class:`StampedSocket` for ``(family, type, proto,
-    canonname, sockaddr)``; a plain socket where timestamps are not supported or the option is
-    refused (the records then say ``arrival_clock: user``)."""
+def stamped_socket(addr_info: tuple) -> socket.socket | None:
+    """A :class:`StampedSocket` for ``(family, type, proto, ...)``; None where timestamps are
+    not supported or the option is refused (the records then say ``arrival_clock: user``)."""
     family, type_, proto = addr_info[0], addr_info[1], addr_info[2]
     if SUPPORTED:
         try:
             return StampedSocket(family, type_, proto)
         except OSError:
             pass
-    return socket.socket(family, type_, proto)
-
-
-def socket_of(transport: Any) -> StampedSocket | None:
-    """The :class:`StampedSocket` under an asyncio transport (plain or TLS), else None."""
-    if transport is None:
-        return None
-    sock = transport.get_extra_info("socket")
-    # asyncio hands out a TransportSocket wrapper; the socket object is its ``_sock``
-    sock = getattr(sock, "_sock", sock)
-    return sock if isinstance(sock, StampedSocket) else None
+    return None
 
 
 #: How much later than its user-space stamp a converted kernel stamp may lie before the
@@ -245,10 +174,7 @@ _SLACK_NS = 200_000
 #: Why a record's arrivals stayed on the user-space clock although the kernel's was asked for.
 NO_STAMP = "a text chunk had no kernel receive stamp"
 CLOCK_STEPPED = "a converted kernel stamp fell outside the request (the wall clock stepped)"
-NO_STAMPED_SOCKET = (
-    "no stamped socket under the reply (aiohttp hands none out once it has released the "
-    "connection, as for a short reply read whole with its headers)"
-)
+NO_STAMPED_SOCKET = "no stamped socket under the reply (the kernel refused the timestamp option)"
 
 
 def kernel_arrivals(

@@ -198,7 +198,7 @@ class Connection:
     base_url: str
     api_key: str | None = None
     request_timeout_s: float = 120.0
-    transport: str = "aiohttp"
+    transport: str = "sse"
     arrival_clock: str = "kernel"
 
     @classmethod

@@ -1,7 +1,7 @@
 """The receive loops of the two transports: one request's chunks -> the stream state.
 
-:func:`receive_sse` (aiohttp with this module's own SSE parser, behind
-:class:`tasks.stream.client.SSEClient`) and :func:`receive_openai` (the openai client's
+:func:`receive_sse` (the stream client's own HTTP/1.1, :mod:`tasks.stream.h1`, and SSE parser,
+behind :class:`tasks.stream.client.SSEClient`) and :func:`receive_openai` (the openai client's
 ``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
 (``time.perf_counter_ns()``) and texts of the text-carrying chunks, the final usage, the chunk
 count, the finish reason, and whether the stream was open. A text-carrying chunk is defined in
@@ -18,7 +18,8 @@ object as a :class:`tasks.stream.errors.StreamError`, so one classifier
 Why two: the transports were chosen on numbers (``tests/benchmarks/stream_client.py``, README
 "Stream"): at 64 and 256 concurrent streams the openai client's per-chunk parsing (a pydantic
 model per chunk over httpx2) makes its own event loop the bottleneck and its measured ITL error
-p99 grows to ~0.1 s / ~1 s, while aiohttp with a byte-level SSE parser stays within a few ms.
+p99 grows to ~0.1 s / ~1 s, while a byte-level SSE parser (then over aiohttp, now over
+:mod:`tasks.stream.h1`) stays within a few ms.
 """
 
 from __future__ import annotations
@@ -30,12 +31,11 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-import aiohttp
 import httpx2
 import openai
 
+from tasks.stream import h1
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
-from tasks.stream.rxclock import body_blocks, socket_of
 from tasks.stream.sse import SSEFramer, loads
 
 
@@ -162,38 +162,9 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
     return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
-class ReadDeadline:
-    """Ends a response body whose next bytes have not come for ``timeout_s`` (aiohttp's
-    ``sock_read``, which re-arms a timer on every read: ``call_later`` and ``cancel`` on a heap
-    of Python-compared handles, ~5 us of CPU per chunk at 128 streams, README "Cheaper per
-    chunk") with one timer per half timeout. Each look compares the body's bytes so far
-    (``StreamReader.total_bytes``) with the last look's; two looks in a row without new bytes end
-    the body with aiohttp's own ``SocketTimeoutError``: a stall is ended 1 to 1.5 ``timeout_s``
-    after its last byte."""
-
-    __slots__ = ("_content", "_handle", "_half_s", "_seen", "_still")
-
-    def __init__(self, content: aiohttp.StreamReader, timeout_s: float) -> None:
-        self._content, self._half_s = content, timeout_s / 2
-        self._seen, self._still = content.total_bytes, 0
-        self._handle = asyncio.get_running_loop().call_later(self._half_s, self._look)
-
-    def _look(self) -> None:
-        total = self._content.total_bytes
-        self._still = self._still + 1 if total == self._seen else 0
-        self._seen = total
-        if self._still < 2:
-            self._handle = asyncio.get_running_loop().call_later(self._half_s, self._look)
-        else:
-            self._content.set_exception(aiohttp.SocketTimeoutError("Timeout on reading data from socket"))
-
-    def cancel(self) -> None:  # noqa: D102 - the body is done
-        self._handle.cancel()
-
-
 @contextlib.asynccontextmanager
 async def sse_body(
-    session: aiohttp.ClientSession,
+    pool: h1.Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],
@@ -201,36 +172,30 @@ async def sse_body(
     timeout_s: float,
 ) -> AsyncIterator[tuple[AsyncIterator[tuple[bytes, int]], Any]]:
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request`'s, as the openai client would
-    send them) to ``url`` and yield ``(blocks, log)`` once the status is 200: the body's blocks
-    (``tasks.stream.rxclock.body_blocks``) and the kernel receive clock's log of its reads
-    (``rxclock.ReadLog``; None where there is no stamped socket). Sets ``state["in_stream"]`` and ``state["sent_ns"]``. The
-    receive loops of :func:`receive_sse` and ``tasks.stream.responses.receive_responses`` read
-    inside it. ``timeout_s`` bounds the wait for the response's head (connecting, sending, the
-    server's first bytes) and, through a :class:`ReadDeadline`, each wait for the body's next
-    bytes.
+    send them) to ``url`` on ``pool`` and yield ``(blocks, log)`` once the status is 200: the
+    body's blocks (``tasks.stream.h1.Response.blocks``) and the kernel receive clock's log of its
+    reads (``rxclock.ReadLog``; None where there is no stamped socket). Sets
+    ``state["in_stream"]``, ``state["sent_ns"]`` and, for a new connection,
+    ``state["connect_ns"]``. The receive loops of :func:`receive_sse` and
+    ``tasks.stream.responses.receive_responses`` read inside it. ``timeout_s`` bounds the wait
+    for the response's head (connecting, sending, the server's first bytes) and each wait for
+    the body's next bytes.
 
     Raises: ``openai.APIStatusError`` for a status other than 200; ``openai.APITimeoutError`` /
     ``APIConnectionError`` for a transport failure, while posting or reading (as the openai
     client raises them).
     """
-    sock = log = deadline = blocks = None
+    response = blocks = None
     try:
         async with asyncio.timeout(timeout_s):
-            response = await session.post(
-                url, data=json.dumps(_request_body(kwargs)), headers=headers, trace_request_ctx=state
-            )
-        async with response:
-            if response.status != 200:
-                raise _status_error(url, response.status, response.headers, await response.read())
-            state["in_stream"] = True
-            sock = socket_of(response.connection.transport if response.connection else None)
-            if sock is not None:
-                state["sent_ns"] = sock.sent_ns
-                log = sock.attach(response.content)
-            deadline = ReadDeadline(response.content, timeout_s)
-            blocks = body_blocks(response.content, log)
-            yield blocks, log
-    except (aiohttp.ClientError, OSError) as exc:
+            response = await pool.post(url, headers, json.dumps(_request_body(kwargs)).encode(), state)
+        if response.status != 200:
+            raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
+        state["in_stream"] = True
+        state["sent_ns"] = response.sent_ns
+        blocks = response.blocks(timeout_s)
+        yield blocks, response.log
+    except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
         if isinstance(exc, TimeoutError):
             raise openai.APITimeoutError(request=request) from exc
@@ -238,14 +203,12 @@ async def sse_body(
     finally:
         if blocks is not None:
             await blocks.aclose()
-        if deadline is not None:
-            deadline.cancel()
-        if log is not None:
-            sock.detach(log)
+        if response is not None:
+            pool.release(response)
 
 
 async def receive_sse(
-    session: aiohttp.ClientSession,
+    pool: h1.Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],
@@ -260,7 +223,7 @@ async def receive_sse(
     SSE as :class:`SSEFramer` frames it. Every event read from one network read gets that
     read's arrival time. Transport failures are raised as the openai client would raise them.
     """
-    async with sse_body(session, url, headers, kwargs, state, timeout_s) as (blocks, log):
+    async with sse_body(pool, url, headers, kwargs, state, timeout_s) as (blocks, log):
         framer = SSEFramer()
         async for block, now_ns in blocks:
             for position, payload in framer.feed(block):
@@ -304,26 +267,6 @@ async def receive_sse(
                 usage = event.get("usage")
                 if usage:
                     state["usage"] = usage
-
-
-async def _on_connect_start(_session: Any, context: Any, _params: Any) -> None:
-    if isinstance(context.trace_request_ctx, dict):
-        context.trace_request_ctx["connect_ns"] = (time.perf_counter_ns(), 0)
-
-
-async def _on_connect_end(_session: Any, context: Any, _params: Any) -> None:
-    state = context.trace_request_ctx
-    if isinstance(state, dict) and state.get("connect_ns"):
-        state["connect_ns"] = (state["connect_ns"][0], time.perf_counter_ns())
-
-
-def connection_trace() -> aiohttp.TraceConfig:
-    """aiohttp tracing that stamps the opening of a new connection into the request's state
-    (``connect_ns``): aiohttp's own hooks, so it holds for TLS and any socket."""
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_start.append(_on_connect_start)
-    trace.on_connection_create_end.append(_on_connect_end)
-    return trace
 
 
 def _keep_timings(chunk: Any, state: dict[str, Any]) -> None:

@@ -238,7 +238,7 @@ def main() -> None:
     parser.add_argument(
         "--task-runner", default=None, help="cli path: e.g. dask:2 (one client per Dask worker)"
     )
-    parser.add_argument("--transport", default="aiohttp")
+    parser.add_argument("--transport", default="sse")
     parser.add_argument("--loop", default="asyncio", choices=("asyncio", "uvloop"))
     args = parser.parse_args()
     rows = []

@@ -1,0 +1,216 @@
+"""tasks.stream.h1: the stream client's HTTP/1.1 (RFC 9112) against scripted servers on 127.0.0.1.
+
+Each server writes exact bytes (split as the test says) so every framing the client meets is known:
+chunked with extensions and trailers, Content-Length, close-delimited, interim 1xx heads,
+connections kept alive or closed, bodies cut or stalled, heads that are not HTTP.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+
+import pytest
+
+from tasks.stream import h1, rxclock
+
+Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+CHUNKED_HEAD = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+EVENTS = [b'data: {"n": 1}\n\n', b'data: {"n": 2}\n\n', b"data: [DONE]\n\n"]
+CHUNKED_BODY = b"".join(b"%x;ext=1\r\n%b\r\n" % (len(e), e) for e in EVENTS) + b"0\r\nX-Trailer: t\r\n\r\n"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(
+        int(line.split(b":")[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")
+    )
+    return head + await reader.readexactly(length)
+
+
+async def _serve(script: Script, body: Callable[[h1.Pool], Awaitable[object]]) -> tuple[object, int]:
+    """Run ``body`` against a server that runs ``script`` per connection; the result and how
+    many connections the server saw."""
+    connections = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        try:
+            await script(reader, writer)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.CancelledError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = h1.Pool(f"http://127.0.0.1:{port}/v1", kernel_clock=True)
+    try:
+        async with server:
+            return await body(pool), connections
+    finally:
+        await pool.close()
+
+
+async def _post_and_read(pool: h1.Pool, timeout_s: float = 5.0) -> tuple[int, bytes, h1.Response]:
+    """One POST read whole: its status, body and response (``kept``: whether the connection
+    went back to the pool)."""
+    state: dict = {}
+    response = await pool.post(pool_url(pool), {"Content-Type": "application/json"}, b'{"a": 1}', state)
+    try:
+        body = b"".join([block async for block, _ in response.blocks(timeout_s)])
+    finally:
+        pool.release(response)
+    response.kept = response in pool._idle
+    return response.status, body, response
+
+
+def pool_url(pool: h1.Pool) -> str:
+    return f"http://{pool._authority}:{pool._port}/v1/chat/completions"
+
+
+def test_a_chunked_body_split_at_every_byte_is_read_whole_with_each_reads_stamps() -> None:
+    requests: list[bytes] = []
+
+    async def script(reader, writer) -> None:
+        requests.append(await _read_request(reader))
+        for i in range(len(CHUNKED_HEAD + CHUNKED_BODY)):  # one byte per write, each its own read
+            writer.write((CHUNKED_HEAD + CHUNKED_BODY)[i : i + 1])
+            await writer.drain()
+            await asyncio.sleep(0.0005)
+        await reader.read()  # keep the connection until the client closes it
+
+    (status, body, response), _ = asyncio.run(_serve(script, _post_and_read))
+    assert status == 200 and body == b"".join(EVENTS)
+    assert response.headers["content-type"] == "text/event-stream"
+    request = requests[0]
+    assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
+    assert b"\r\nContent-Length: 8\r\n\r\n" in request and request.endswith(b'{"a": 1}')
+    if rxclock.SUPPORTED:
+        log = response.log
+        # every body byte came in a read of its own, stamped by the kernel, in order
+        assert log is not None and log.starts == list(range(len(body)))
+        assert all(log.rx_ns) and log.reads_ns == sorted(log.reads_ns)
+        assert log.stamps_at(len(body) - 1) == (log.reads_ns[-1], log.rx_ns[-1])
+
+
+def test_content_length_close_delimited_and_interim_heads() -> None:
+    def answer(raw: bytes) -> Script:
+        async def script(reader, writer) -> None:
+            await _read_request(reader)
+            writer.write(raw)
+            await writer.drain()
+            if b"Content-Length" in raw:
+                await reader.read()
+            # else: close-delimited, the handler's close ends the body
+
+        return script
+
+    with_length = b"HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello"
+    (status, body, response), _ = asyncio.run(_serve(answer(with_length), _post_and_read))
+    assert (status, body, response.kept) == (200, b"hello", True)
+
+    until_close = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\n" + EVENTS[0]
+    (status, body, response), _ = asyncio.run(_serve(answer(until_close), _post_and_read))
+    assert (status, body, response.kept) == (200, EVENTS[0], False)
+
+    interim = b"HTTP/1.1 100 Continue\r\n\r\n" + CHUNKED_HEAD + CHUNKED_BODY
+    (status, body, _), _ = asyncio.run(_serve(answer(interim), _post_and_read))
+    assert (status, body) == (200, b"".join(EVENTS))
+
+    error = b'HTTP/1.1 429 Too Many Requests\r\nContent-Length: 11\r\n\r\n{"error":1}'
+    (status, body, _), _ = asyncio.run(_serve(answer(error), _post_and_read))
+    assert (status, body) == (429, b'{"error":1}')
+
+
+@pytest.mark.parametrize(("close", "connections"), [(False, 1), (True, 2)])
+def test_a_connection_is_kept_only_when_the_body_ended_and_the_server_keeps_it(close, connections) -> None:
+    head = CHUNKED_HEAD.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n") if close else CHUNKED_HEAD
+
+    async def script(reader, writer) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(head + CHUNKED_BODY)
+            await writer.drain()
+            if close:
+                return
+
+    async def twice(pool: h1.Pool) -> list[bytes]:
+        return [(await _post_and_read(pool))[1] for _ in range(2)]
+
+    bodies, seen = asyncio.run(_serve(script, twice))
+    assert bodies == [b"".join(EVENTS)] * 2
+    assert seen == connections
+
+
+def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended() -> None:
+    async def cut(reader, writer) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+        await writer.drain()  # then the handler closes: no last chunk
+
+    async def read_until_error(pool: h1.Pool) -> tuple[list[bytes], BaseException | None]:
+        state: dict = {}
+        response = await pool.post(pool_url(pool), {}, b"{}", state)
+        got: list[bytes] = []
+        try:
+            async for block, _ in response.blocks(5.0):
+                got.append(block)
+        except Exception as exc:  # noqa: BLE001 - the test looks at it
+            return got, exc
+        finally:
+            pool.release(response)
+        return got, None
+
+    (got, error), _ = asyncio.run(_serve(cut, read_until_error))
+    assert b"".join(got) == EVENTS[0]
+    assert isinstance(error, ConnectionError) and "before the response ended" in str(error)
+
+    async def stall(reader, writer) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+        await writer.drain()
+        await asyncio.sleep(3)
+
+    async def timed(pool: h1.Pool) -> tuple[float, BaseException | None]:
+        start = time.perf_counter()
+        state: dict = {}
+        response = await pool.post(pool_url(pool), {}, b"{}", state)
+        try:
+            async for _ in response.blocks(0.4):
+                pass
+        except TimeoutError as exc:
+            return time.perf_counter() - start, exc
+        finally:
+            pool.release(response)
+        return time.perf_counter() - start, None
+
+    (took_s, error), _ = asyncio.run(_serve(stall, timed))
+    assert isinstance(error, TimeoutError)
+    assert 0.4 <= took_s < 0.6 + 0.3, took_s  # 1 to 1.5 bounds after the last byte
+
+
+def test_a_head_that_is_not_http_names_the_part() -> None:
+    async def script(reader, writer) -> None:
+        await _read_request(reader)
+        writer.write(b"SSH-2.0-OpenSSH\r\n\r\n")
+        await writer.drain()
+        await reader.read()
+
+    async def post(pool: h1.Pool) -> BaseException | None:
+        try:
+            await pool.post(pool_url(pool), {}, b"{}", {})
+        except h1.ProtocolError as exc:
+            return exc
+        return None
+
+    error, _ = asyncio.run(_serve(script, post))
+    assert isinstance(error, h1.ProtocolError) and "not an HTTP/1.1 status line" in str(error)
+
+
+def test_only_http_urls_are_taken() -> None:
+    with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
+        h1.Pool("ftp://example.com/v1", kernel_clock=False)

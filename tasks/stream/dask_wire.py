@@ -32,6 +32,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from tasks import asyncrun
 from tasks.stream.clocksync import Offset, Sample, estimate_offset
 from tasks.stream.level_result import LevelResult
 from tasks.stream.records import RequestRecord
@@ -119,7 +120,7 @@ def client_task(
         # the heap before the level (imports: Dask's, this package's) is never garbage; frozen,
         # the collector's full passes skip it (tasks.stream.multiproc measured 64 ms otherwise)
         gc.freeze()
-        result = asyncio.run(_measure(k, workers, link, connection, settings, warmup))
+        result = asyncrun.run(_measure(k, workers, link, connection, settings, warmup))
         if result is None:
             return "orphaned"  # the orchestrator left mid-level: nothing more was sent
         last = result.last_done_ns + _SKEW_NS if result.last_done_ns else 0

@@ -75,7 +75,6 @@ class Response(asyncio.Protocol):
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
         self._wake_each_read = True
-        self._closed = False
 
     # asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # noqa: D102
@@ -87,14 +86,15 @@ class Response(asyncio.Protocol):
         self._fresh = True
         try:
             self._parse(data)
-        except (ProtocolError, ValueError) as exc:
-            self._fail(exc if isinstance(exc, ProtocolError) else ProtocolError(f"bad chunk size: {exc}"))
+        except ProtocolError as exc:
+            self._fail(exc)
+        except ValueError as exc:  # int() of a chunk size or a Content-Length
+            self._fail(ProtocolError(f"a length that is not a number: {exc}"))
 
     def eof_received(self) -> bool:  # noqa: D102 - close: connection_lost says the rest
         return False
 
     def connection_lost(self, exc: Exception | None) -> None:  # noqa: D102
-        self._closed = True
         self.reusable = False
         if self._state == _UNTIL_CLOSE:
             self._end()
@@ -281,7 +281,7 @@ class Response(asyncio.Protocol):
     @property
     def open(self) -> bool:
         """The connection is still up."""
-        return not self._closed and self.transport is not None and not self.transport.is_closing()
+        return self.transport is not None and not self.transport.is_closing()
 
 
 class _Stall:

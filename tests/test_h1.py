@@ -57,15 +57,16 @@ async def _serve(script: Script, body: Callable[[h1.Pool], Awaitable[object]]) -
 
 async def _post_and_read(pool: h1.Pool, timeout_s: float = 5.0) -> tuple[int, bytes, h1.Response]:
     """One POST read whole: its status, body and response (``kept``: whether the connection
-    went back to the pool)."""
+    went back to the pool; ``pieces``: what the sink was handed, ``(piece, read_ns, rx_ns)``)."""
     state: dict = {}
     response = await pool.post(pool_url(pool), {"Content-Type": "application/json"}, b'{"a": 1}', state)
+    pieces: list[tuple[bytes, int, int | None]] = []
     try:
-        body = b"".join([block async for block, _ in response.blocks(timeout_s)])
+        await response.consume(lambda *piece: pieces.append(piece), timeout_s)
     finally:
         pool.release(response)
-    response.kept = response in pool._idle
-    return response.status, body, response
+    response.kept, response.pieces = response in pool._idle, pieces
+    return response.status, b"".join(piece for piece, _, _ in pieces), response
 
 
 def pool_url(pool: h1.Pool) -> str:
@@ -90,11 +91,12 @@ def test_a_chunked_body_split_at_every_byte_is_read_whole_with_each_reads_stamps
     assert request.startswith(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1:")
     assert b"\r\nContent-Length: 8\r\n\r\n" in request and request.endswith(b'{"a": 1}')
     if rxclock.SUPPORTED:
-        log = response.log
-        # every body byte came in a read of its own, stamped by the kernel, in order
-        assert log is not None and log.starts == list(range(len(body)))
-        assert all(log.rx_ns) and log.reads_ns == sorted(log.reads_ns)
-        assert log.stamps_at(len(body) - 1) == (log.reads_ns[-1], log.rx_ns[-1])
+        # every body byte came in a read of its own, handed on with that read's stamps, in order
+        assert [piece for piece, _, _ in response.pieces] == [bytes([b]) for b in body]
+        reads_ns = [read_ns for _, read_ns, _ in response.pieces]
+        kernel_ns = [rx_ns for _, _, rx_ns in response.pieces]
+        assert reads_ns == sorted(reads_ns) and len(set(reads_ns)) == len(body)
+        assert all(kernel_ns) and kernel_ns == sorted(kernel_ns)
 
 
 def test_content_length_close_delimited_and_interim_heads() -> None:
@@ -157,8 +159,7 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
         response = await pool.post(pool_url(pool), {}, b"{}", state)
         got: list[bytes] = []
         try:
-            async for block, _ in response.blocks(5.0):
-                got.append(block)
+            await response.consume(lambda piece, _read_ns, _rx_ns: got.append(piece), 5.0)
         except Exception as exc:  # noqa: BLE001 - the test looks at it
             return got, exc
         finally:
@@ -180,8 +181,7 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
         state: dict = {}
         response = await pool.post(pool_url(pool), {}, b"{}", state)
         try:
-            async for _ in response.blocks(0.4):
-                pass
+            await response.consume(lambda *_: None, 0.4)
         except TimeoutError as exc:
             return time.perf_counter() - start, exc
         finally:
@@ -191,6 +191,39 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
     (took_s, error), _ = asyncio.run(_serve(stall, timed))
     assert isinstance(error, TimeoutError)
     assert 0.4 <= took_s < 0.6 + 0.3, took_s  # 1 to 1.5 bounds after the last byte
+
+
+def test_a_readers_exception_ends_the_response_with_it_and_closes_the_connection() -> None:
+    """The sink runs in the read's callback: what it raises is what consume raises, after the
+    pieces before it, and the connection (its body not read to the end) is not reused."""
+
+    async def script(reader, writer) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(CHUNKED_HEAD + CHUNKED_BODY)
+            await writer.drain()
+
+    async def refuse_second(pool: h1.Pool) -> tuple[list[bytes], BaseException | None, bytes]:
+        response = await pool.post(pool_url(pool), {}, b"{}", {})
+        got: list[bytes] = []
+
+        def sink(piece: bytes, _read_ns: int, _rx_ns: int | None) -> None:
+            if got:
+                raise ValueError("not a chunk this reader takes")
+            got.append(piece)
+
+        error = None
+        try:
+            await response.consume(sink, 5.0)
+        except ValueError as exc:
+            error = exc
+        finally:
+            pool.release(response)
+        return got, error, (await _post_and_read(pool))[1]
+
+    (got, error, next_body), connections = asyncio.run(_serve(script, refuse_second))
+    assert got == [EVENTS[0]] and str(error) == "not a chunk this reader takes"
+    assert next_body == b"".join(EVENTS) and connections == 2  # a new connection for the next
 
 
 def test_a_head_that_is_not_http_names_the_part() -> None:

@@ -2,18 +2,17 @@
 
 The stream client's own HTTP/1.1 (RFC 9112: the status line and header fields, §4-5; the
 message body's length, §6.3; the chunked transfer coding, §7.1) over an asyncio protocol, in
-place of aiohttp, because the bytes of a streamed answer are the client's hot path and aiohttp's
-were measured to cost more than the client's own work (README "Cheaper per chunk"): its request
-took ~614 us of CPU against ~187 us here (one chunk per request, 256 streams), and on every read
-its parser fed a ``StreamReader`` whose drain called ``resume_reading`` and so ``data_received``
-again. Here one ``data_received`` per read decodes the framing and appends the body's bytes;
-nothing else runs until the receive loop looks (:meth:`Response.blocks`).
+place of aiohttp, whose request cost ~614 us of CPU against ~187 us here (one chunk per request,
+256 streams; README "Cheaper per chunk"). One ``data_received`` per read decodes the framing and
+hands the body's bytes to the reader's sink (:meth:`Response.consume`) in that same callback:
+the reading coroutine does not wake until the body ends (a wake per read, or per drain of what
+the reads buffered, cost more than the chunk's own parsing: README "Cheaper per chunk").
 
 Arrival stamps: each read's kernel receive time and return time are taken by the
 :class:`tasks.stream.rxclock.StampedSocket` under the transport (it reads with ``recvmsg``); the
-protocol runs in the same loop callback as that read, so it keeps, per read that delivered body
-bytes, where those bytes start in the body and the read's stamps (``rxclock.ReadLog``). TLS reads
-through the same socket (``recv_into``): the stamp is the raw read that carried the record.
+protocol runs in the same loop callback as that read, so every body piece goes to the sink with
+the stamps of the read that delivered it. TLS reads through the same socket (``recv_into``): the
+stamp is the raw read that carried the record.
 
 Scope (what the endpoints the client measures send): status 200 with a chunked,
 ``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; no
@@ -26,20 +25,24 @@ body without bytes for its read bound, ``TimeoutError``. Standard library only.
 from __future__ import annotations
 
 import asyncio
-import random
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.stream import rxclock
 
-__all__ = ["Pool", "ProtocolError", "Response"]
+__all__ = ["Pool", "ProtocolError", "Response", "Sink"]
 
-#: Longest head (status line and header fields) taken, bytes.
-MAX_HEAD_BYTES = 64 * 1024
+#: A body's reader: ``sink(piece, read_ns, rx_ns)`` in the callback of the read that delivered the
+#: piece: ``read_ns`` the ``perf_counter_ns`` that read returned, ``rx_ns`` its kernel stamp
+#: (CLOCK_REALTIME ns, 0: none) or None without a stamped socket (:meth:`Response.consume`).
+Sink = Callable[[bytes, int, "int | None"], None]
+_perf_ns = time.perf_counter_ns
+
+MAX_HEAD_BYTES = 64 * 1024  # the longest head (status line and header fields) taken
 
 # framing states of a connection
 _IDLE, _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(8)
@@ -50,31 +53,34 @@ class ProtocolError(Exception):
     which part)."""
 
 
+class _Refused(Exception):
+    """A sink's exception on its way out of the framing (``args[0]``: that exception)."""
+
+
 class Response(asyncio.Protocol):
     """One connection and the response being read on it (one at a time: HTTP/1.1 without
     pipelining). Made by :class:`Pool`; after :meth:`Pool.post` its ``status``, ``reason`` and
     ``headers`` (names lower-cased) are the response's head, ``sent_ns`` the ``perf_counter_ns``
-    the request's last byte was handed to the kernel (0 unknown), ``log`` the stamps of the
-    body's reads (None without a stamped socket)."""
+    the request's last byte was handed to the kernel (0 unknown); :meth:`consume` reads the
+    body."""
 
     def __init__(self, sock: rxclock.StampedSocket | None) -> None:
         self._sock = sock
         self.transport: asyncio.Transport | None = None
         self.status, self.reason, self.headers = 0, "", {}
         self.sent_ns = 0
-        self.log: rxclock.ReadLog | None = None
         self.reusable = False  # the body ended as framed and the server keeps the connection
         self._state = _IDLE
         self._rest = b""  # bytes of a framing element split across reads
         self._left = 0
         self._head: asyncio.Future[None] | None = None
-        self._pending: list[bytes] = []
+        self._sink: Sink | None = None
+        self._early: list[tuple[bytes, int, int | None]] = []  # body pieces before a sink came
+        self._read_ns, self._rx_ns = 0, None  # the stamps of the read being framed
         self._total = 0  # body bytes so far
-        self._fresh = False  # this read has not logged its stamps yet
         self._ended = False
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
-        self._wake_each_read = True
 
     # asyncio's side -------------------------------------------------------------------------
     def connection_made(self, transport: Any) -> None:  # noqa: D102
@@ -83,11 +89,17 @@ class Response(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:  # noqa: D102
         if self._rest:
             data, self._rest = self._rest + data, b""
-        self._fresh = True
+        sock = self._sock
+        if sock is None:
+            self._read_ns = _perf_ns()
+        else:
+            self._read_ns, self._rx_ns = sock.read_ns, sock.rx_ns
         try:
             self._parse(data)
         except ProtocolError as exc:
             self._fail(exc)
+        except _Refused as refused:
+            self._fail(refused.args[0])
         except ValueError as exc:  # int() of a chunk size or a Content-Length
             self._fail(ProtocolError(f"a length that is not a number: {exc}"))
 
@@ -198,17 +210,15 @@ class Response(asyncio.Protocol):
     def _body(self, piece: bytes) -> None:
         if not piece:
             return
-        log = self.log
-        if log is not None and self._fresh:
-            self._fresh = False
-            sock = self._sock
-            log.starts.append(self._total)
-            log.rx_ns.append(sock.rx_ns)
-            log.reads_ns.append(sock.read_ns)
-        self._pending.append(piece)
         self._total += len(piece)
-        if self._wake_each_read:
-            self._wake()
+        sink = self._sink
+        if sink is None:
+            self._early.append((piece, self._read_ns, self._rx_ns))
+            return
+        try:
+            sink(piece, self._read_ns, self._rx_ns)
+        except Exception as exc:  # noqa: BLE001 - the reader's, raised by consume
+            raise _Refused(exc) from None
 
     def _end(self) -> None:
         self._state = _IDLE
@@ -225,7 +235,7 @@ class Response(asyncio.Protocol):
         if self.transport is not None:
             self.transport.close()
 
-    def _wake(self, _: Any = None) -> None:
+    def _wake(self) -> None:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
@@ -235,48 +245,41 @@ class Response(asyncio.Protocol):
         """Write ``request`` and expect a response: the future of its head."""
         self._head = asyncio.get_running_loop().create_future()
         self.status, self.headers, self.reusable, self._state = 0, {}, False, _HEAD
-        self._pending, self._total, self._ended, self._error = [], 0, False, None
-        self.log = rxclock.ReadLog() if self._sock is not None else None
-        self._wake_each_read = self.log is None
+        self._sink, self._early, self._total, self._ended, self._error = None, [], 0, False, None
         assert self.transport is not None
         self.transport.write(request)
         return self._head
 
-    async def blocks(self, timeout_s: float) -> AsyncIterator[tuple[bytes, int]]:
-        """The body's bytes, each block with the ``perf_counter_ns`` it was taken at. Without a
-        stamped socket, each read's bytes as they come (the user-space clock is this loop's);
-        with one, what came every :data:`rxclock.DRAIN_PERIOD_S` (drawn from 0.5-1.5 times it:
-        streams that start together would otherwise look together for good) and at once at the
-        body's end or failure, whose exception is raised after the bytes before it. A body
-        without new bytes for ``timeout_s`` fails with ``TimeoutError``, 1 to 1.5 ``timeout_s``
-        after its last byte (one look per half bound: no timer per read)."""
-        loop = asyncio.get_running_loop()
-        perf = time.perf_counter_ns
-        watch = _Stall(self, timeout_s)
+    async def consume(self, sink: Sink, timeout_s: float) -> None:
+        """Hand the body to ``sink`` (:data:`Sink`), each piece in the loop callback of the read
+        that delivered it (pieces that came with the head first, with their own reads' stamps),
+        and return when the body has ended. Raises the response's failure: ``ConnectionError``,
+        :class:`ProtocolError`, ``TimeoutError`` for a body without new bytes for ``timeout_s``
+        (1 to 1.5 ``timeout_s`` after its last byte: one look per half bound, no timer per
+        read), or whatever ``sink`` raised (the connection is then closed)."""
+        early, self._early = self._early, []
         try:
-            while True:
-                if self._pending:
-                    pending = self._pending
-                    self._pending = []
-                    yield (pending[0] if len(pending) == 1 else b"".join(pending)), perf()
-                    continue
-                if self._error is not None:
-                    raise self._error
-                if self._ended:
-                    return
-                self._waiter = loop.create_future()
-                timer = None
-                if not self._wake_each_read:
-                    timer = loop.call_later(rxclock.DRAIN_PERIOD_S * (0.5 + random.random()), self._wake)
+            for piece, read_ns, rx_ns in early:
+                sink(piece, read_ns, rx_ns)
+        except Exception as exc:  # noqa: BLE001 - raised below, as from a read
+            self._fail(exc)
+        if not self._ended and self._error is None:
+            self._sink = sink
+            self._waiter = asyncio.get_running_loop().create_future()
+            watch = _Stall(self, timeout_s)
+            try:
                 await self._waiter
-                if timer is not None:
-                    timer.cancel()
-        finally:
-            watch.cancel()
+            finally:
+                watch.cancel()
+                self._sink = None
+        if self._error is not None:
+            raise self._error
 
     async def read_all(self, timeout_s: float) -> bytes:
-        """The whole body (an error response's), bounded as :meth:`blocks` is."""
-        return b"".join([block async for block, _ in self.blocks(timeout_s)])
+        """The whole body (an error response's), bounded as :meth:`consume` is."""
+        pieces: list[bytes] = []
+        await self.consume(lambda piece, _read_ns, _rx_ns: pieces.append(piece), timeout_s)
+        return b"".join(pieces)
 
     @property
     def open(self) -> bool:
@@ -285,9 +288,8 @@ class Response(asyncio.Protocol):
 
 
 class _Stall:
-    """A response body's read bound (aiohttp's ``sock_read`` re-armed a timer on every read,
-    ~5 us of CPU per chunk at 128 streams): one look per half bound at the body's bytes so far;
-    two looks in a row without new ones end it with ``TimeoutError``."""
+    """A body's read bound without a timer per read (~5 us a chunk at 128 streams): one look per
+    half bound at the bytes so far; two looks in a row without new ones: ``TimeoutError``."""
 
     __slots__ = ("_half_s", "_handle", "_response", "_seen", "_still")
 

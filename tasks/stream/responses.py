@@ -23,10 +23,9 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   that ends without ``finish_reason``, usage or ``[DONE]``; vLLM PR #54628's review found a
   benchmark counting such streams as successes).
 
-Timing is the SSE transport's (:func:`tasks.stream.transports.receive_sse`): every event read
-from one network read gets that read's ``time.perf_counter_ns()``, and the kernel's receive
-stamp of the read that completed it (``ReadLog.stamps_at``, :mod:`tasks.stream.rxclock`). The
-receive loops are the hot path: a clock read, the type lookup and list appends inside.
+Timing is the SSE transport's (:func:`tasks.stream.transports.read_sse`): every event gets the
+``time.perf_counter_ns()`` and the kernel's receive stamp of the read that completed it
+(:mod:`tasks.stream.rxclock`). The readers are the hot path: the type lookup and list appends.
 """
 
 from __future__ import annotations
@@ -36,8 +35,8 @@ from typing import Any
 
 from tasks.stream import h1
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
-from tasks.stream.sse import SSEFramer, loads
-from tasks.stream.transports import _event_error, _shape_error, arrived, sse_body
+from tasks.stream.sse import loads
+from tasks.stream.transports import _event_error, _shape_error, arrived, read_sse
 from tasks.stream.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
@@ -153,7 +152,7 @@ async def receive_responses(
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request` with ``api="responses"``) to
     ``url`` (``{base_url}/responses``) and read its SSE events into ``state``
     (:func:`tasks.stream.transports.new_state`; module docstring for what each event does;
-    ``timeout_s``: :func:`tasks.stream.transports.sse_body`'s).
+    ``timeout_s``: :func:`tasks.stream.transports.read_sse`'s).
 
     SSE as :func:`tasks.stream.transports.receive_sse` reads it (``data:`` lines, blank line
     ends an event, ``\\r\\n`` accepted; ``event:`` lines are skipped: the data's ``type`` says
@@ -163,32 +162,32 @@ async def receive_responses(
     (``stream_broken``).
     """
     calls, text_events = state["tool_calls"], TEXT_EVENTS
-    async with sse_body(pool, url, headers, kwargs, state, timeout_s) as (blocks, log):
-        framer = SSEFramer()
-        async for block, now_ns in blocks:
-            for position, payload in framer.feed(block):
-                if payload == b"[DONE]":  # not the Responses API's; harmless
-                    continue
-                event = loads(payload)
-                state["chunks"] += 1
-                if not isinstance(event, dict):
-                    raise _shape_error("the data line is not a JSON object", payload)
-                kind = event.get("type")
-                if kind in text_events:
-                    text = event.get("delta")
-                    if isinstance(text, str) and text:
-                        arrived(state, log, position, now_ns, text)
-                elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
-                    if _call_piece(kind, event, calls):
-                        arrived(state, log, position, now_ns, "")
-                elif kind == _COMPLETED or kind == _INCOMPLETE:
-                    _finish(kind, event, state)
-                elif kind == _FAILED or kind == "error":
-                    raise _failure(kind, event)
-                elif kind is None:
-                    error = _event_error(event)  # a chat-style error object
-                    if error is not None:
-                        raise error
+
+    def on_event(payload: bytes, read_ns: int, rx_ns: int | None) -> None:
+        if payload == b"[DONE]":  # not the Responses API's; harmless
+            return
+        event = loads(payload)
+        state["chunks"] += 1
+        if not isinstance(event, dict):
+            raise _shape_error("the data line is not a JSON object", payload)
+        kind = event.get("type")
+        if kind in text_events:
+            text = event.get("delta")
+            if isinstance(text, str) and text:
+                arrived(state, read_ns, rx_ns, text)
+        elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
+            if _call_piece(kind, event, calls):
+                arrived(state, read_ns, rx_ns, "")
+        elif kind == _COMPLETED or kind == _INCOMPLETE:
+            _finish(kind, event, state)
+        elif kind == _FAILED or kind == "error":
+            raise _failure(kind, event)
+        elif kind is None:
+            error = _event_error(event)  # a chat-style error object
+            if error is not None:
+                raise error
+
+    await read_sse(pool, url, headers, kwargs, state, timeout_s, on_event)
     if not state["done"]:
         raise _cut(state)
 

@@ -17,18 +17,12 @@ Python socket object, never calls these methods: no stamp is taken and the recor
 the user-space clock.
 
 Which read delivered which SSE event: the transport hands a read's bytes to the HTTP protocol in
-the same loop callback as the read, so the protocol keeps, per read that delivered body bytes,
-``(body start offset, kernel ns, perf_counter_ns it returned)`` in the response's
-:class:`ReadLog`, and an event is stamped with the last read that started at or before the
-event's last byte (:meth:`ReadLog.stamps_at`). Events delivered by one read share its time:
-rightly when the server wrote them together; wrongly when the client fell behind, the kernel
-queued several segments and one late read took them all (the stamp is the last segment's).
-Those are *coalesced* events (:func:`coalesced_events`, counted per request and level).
-
-Because every read is stamped as it happens, the receive loop need not wake for each one: on a
-stamped socket the body is handed to it every :data:`DRAIN_PERIOD_S` and at the body's end
-(``tasks.stream.h1.Response.blocks``; README "Cheaper per chunk": the wake-up per read was ~6 us
-of CPU per chunk at 128 streams).
+the same loop callback as the read, and the protocol hands the body's bytes, with that read's
+stamps, to the SSE reader in that callback too (``tasks.stream.h1.Sink``): an event is stamped
+with the read that completed it. Events delivered by one read share its time: rightly when the
+server wrote them together; wrongly when the client fell behind, the kernel queued several
+segments and one late read took them all (the stamp is the last segment's). Those are
+*coalesced* events (:func:`coalesced_events`, counted per request and level).
 
 The records' clock is ``time.perf_counter_ns`` (CLOCK_MONOTONIC). A kernel stamp is converted by
 subtracting ``CLOCK_REALTIME - CLOCK_MONOTONIC`` measured right after the request's stream
@@ -40,7 +34,6 @@ Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival
 
 from __future__ import annotations
 
-import bisect
 import socket
 import struct
 import sys
@@ -71,28 +64,6 @@ def realtime_offset_ns(tries: int = 5) -> int:
             best = (b - a, r - (a + b) // 2)
     assert best is not None
     return best[1]
-
-
-class ReadLog:
-    """The reads of one response body: per read that delivered body bytes, where those bytes
-    start in the body (0-based), its kernel ns (CLOCK_REALTIME; 0: no stamp) and the
-    ``perf_counter_ns`` it returned. Filled by the HTTP protocol in the loop callback of each
-    read (``tasks.stream.h1``), kept by the receive loop after the connection serves the next
-    request."""
-
-    __slots__ = ("reads_ns", "rx_ns", "starts")
-
-    def __init__(self) -> None:
-        self.starts: list[int] = []
-        self.rx_ns: list[int] = []
-        self.reads_ns: list[int] = []
-
-    def stamps_at(self, offset: int) -> tuple[int, int]:
-        """``(perf_counter_ns, kernel ns)`` of the read that delivered body byte ``offset``
-        (0-based; kernel 0: no read had a stamp yet): the last read that started at or before
-        it."""
-        i = bisect.bisect_right(self.starts, offset) - 1
-        return self.reads_ns[i], self.rx_ns[i]
 
 
 class StampedSocket(socket.socket):
@@ -145,13 +116,6 @@ class StampedSocket(socket.socket):
             if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(payload)
                 self.rx_ns = sec * 1_000_000_000 + nsec
-
-
-#: Mean seconds between a stamped receive loop's looks at its body (module docstring). Each wait
-#: is drawn from 0.5-1.5 times it: streams that start together would otherwise look together
-#: for good, and one loop iteration took all their chunks at once (64 streams: ~5 ms in which no
-#: socket was read; 3 of 8 levels flagged client-bound, none with one wait per read).
-DRAIN_PERIOD_S = 0.1
 
 
 def stamped_socket(addr_info: tuple) -> socket.socket | None:

@@ -1,8 +1,8 @@
 """The parsing on the stream client's hot path: an SSE body's framing and its JSON.
 
 :class:`SSEFramer` cuts a body read in blocks into events, :func:`loads` decodes a data line;
-the receive loops of :mod:`tasks.stream.transports` (chat and completions) and
-:mod:`tasks.stream.responses` (the Responses API) use both, once per network read and once per
+the readers of :mod:`tasks.stream.transports` (chat and completions) and
+:mod:`tasks.stream.responses` (the Responses API) use both, once per body piece and once per
 event: nothing else runs there (README "Cheaper per chunk" for what each costs).
 """
 
@@ -27,32 +27,36 @@ def loads(payload: bytes) -> Any:
 
 
 class SSEFramer:
-    """Server-sent events framing of a body read in blocks (WHATWG HTML, "Server-sent events"):
+    """Server-sent events framing of a body read in pieces (WHATWG HTML, "Server-sent events"):
     events end with a blank line; ``data:`` lines (one optional space after the colon) carry the
     payload, joined by ``\n`` when there are several; other lines (comments ``:``, ``event:``)
-    are skipped; ``\r\n`` line ends are accepted. Shared by ``tasks.stream.transports.receive_sse`` and
-    ``tasks.stream.responses.receive_responses``, on their hot path: one call per network
-    read, no per-event generator."""
+    are skipped; ``\r\n`` line ends are accepted. Shared by ``tasks.stream.transports.receive_sse``
+    and ``tasks.stream.responses.receive_responses``, on their hot path: one call per body piece
+    (``tasks.stream.h1.Sink``), no per-event generator, and a piece that is one whole
+    ``data: ...`` event (what a streaming server writes per chunk) is cut without splitting it."""
 
-    __slots__ = ("_consumed", "_data", "_pending")
+    __slots__ = ("_data", "_pending")
 
     def __init__(self) -> None:
         self._pending = b""  # the last, unfinished line
         self._data: list[bytes] = []  # the data lines of the event being read
-        self._consumed = 0  # body bytes fed so far
 
-    def feed(self, block: bytes) -> list[tuple[int, bytes]]:
-        """The events that ``block`` (the body's next bytes) completes: ``(position, payload)``,
-        ``position`` the body offset (bytes) of the ``\n`` that ended the event (for
-        ``tasks.stream.rxclock``'s ``stamps_at``), ``payload`` its data (bytes)."""
-        pending, data = self._pending, self._data
-        position = self._consumed - len(pending) - 1  # body offset of the current line's "\n"
-        self._consumed += len(block)
-        lines = (pending + block).split(b"\n")
+    def feed(self, block: bytes) -> list[bytes]:
+        """The payloads (bytes) of the events that ``block`` (the body's next bytes) completes."""
+        if (
+            not self._pending
+            and not self._data
+            and block.startswith(b"data: ")
+            and block.find(b"\n") == len(block) - 2
+            and block.endswith(b"\n\n")
+            and not block.endswith(b"\r\n\n")
+        ):
+            return [block[6:-2]]
+        data = self._data
+        lines = (self._pending + block).split(b"\n")
         self._pending = lines.pop()
         events = []
         for line in lines:
-            position += len(line) + 1
             if line.endswith(b"\r"):
                 line = line[:-1]
             if line:
@@ -60,6 +64,6 @@ class SSEFramer:
                     data.append(line[6:] if line[5:6] == b" " else line[5:])
                 continue
             if data:
-                events.append((position, data[0] if len(data) == 1 else b"\n".join(data)))
+                events.append(data[0] if len(data) == 1 else b"\n".join(data))
                 data.clear()
         return events

@@ -25,10 +25,9 @@ p99 grows to ~0.1 s / ~1 s, while a byte-level SSE parser (then over aiohttp, no
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 from typing import Any
 
 import httpx2
@@ -43,7 +42,8 @@ def new_state() -> dict[str, Any]:
     """An empty stream state, filled by a receive loop.
 
     Keys: ``arrivals_ns`` (list of int, ``time.perf_counter_ns()`` per text-carrying chunk when
-    its read returned, else when the receive loop took it: the user-space clock), ``rx_ns`` (the
+    the read that delivered it returned, or when the openai client yielded it: the user-space
+    clock), ``rx_ns`` (the
     kernel CLOCK_REALTIME receive time of the read that completed each text-carrying chunk, 0
     where none; empty on a transport without stamps: :mod:`tasks.stream.rxclock`), ``parts``
     (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the openai
@@ -75,15 +75,11 @@ def new_state() -> dict[str, Any]:
     }
 
 
-def arrived(state: dict[str, Any], log: Any, position: int, now_ns: int, text: str) -> None:
-    """Keep a text chunk in ``state``: its text and arrival, ``now_ns`` (when the receive loop
-    took it) without a stamped socket's ``log``, else the stamps of the read that delivered body
-    byte ``position`` (the event's blank line): ``rxclock.ReadLog.stamps_at``."""
-    if log is None:
-        state["arrivals_ns"].append(now_ns)
-    else:
-        read_ns, rx_ns = log.stamps_at(position)
-        state["arrivals_ns"].append(read_ns)
+def arrived(state: dict[str, Any], read_ns: int, rx_ns: int | None, text: str) -> None:
+    """Keep a text chunk in ``state``: its text, its read's ``perf_counter_ns`` and, from a
+    stamped socket (``rx_ns`` not None), that read's kernel stamp (``tasks.stream.h1.Sink``)."""
+    state["arrivals_ns"].append(read_ns)
+    if rx_ns is not None:
         state["rx_ns"].append(rx_ns)
     state["parts"].append(text)
 
@@ -162,30 +158,36 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
     return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
-@contextlib.asynccontextmanager
-async def sse_body(
+async def read_sse(
     pool: h1.Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],
     state: dict[str, Any],
     timeout_s: float,
-) -> AsyncIterator[tuple[AsyncIterator[tuple[bytes, int]], Any]]:
+    on_event: Callable[[bytes, int, int | None], None],
+) -> None:
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request`'s, as the openai client would
-    send them) to ``url`` on ``pool`` and yield ``(blocks, log)`` once the status is 200: the
-    body's blocks (``tasks.stream.h1.Response.blocks``) and the kernel receive clock's log of its
-    reads (``rxclock.ReadLog``; None where there is no stamped socket). Sets
-    ``state["in_stream"]``, ``state["sent_ns"]`` and, for a new connection,
-    ``state["connect_ns"]``. The receive loops of :func:`receive_sse` and
-    ``tasks.stream.responses.receive_responses`` read inside it. ``timeout_s`` bounds the wait
-    for the response's head (connecting, sending, the server's first bytes) and each wait for
-    the body's next bytes.
+    send them) to ``url`` on ``pool`` and, once the status is 200, call ``on_event(payload,
+    read_ns, rx_ns)`` for every SSE event of the body (:class:`SSEFramer`'s payloads) in the
+    loop callback of the read that completed it, with that read's stamps
+    (``tasks.stream.h1.Sink``); return when the body has ended. Sets ``state["in_stream"]``,
+    ``state["sent_ns"]`` and, for a new connection, ``state["connect_ns"]``. ``timeout_s``
+    bounds the wait for the response's head (connecting, sending, the server's first bytes)
+    and each wait for the body's next bytes.
 
-    Raises: ``openai.APIStatusError`` for a status other than 200; ``openai.APITimeoutError`` /
-    ``APIConnectionError`` for a transport failure, while posting or reading (as the openai
-    client raises them).
+    Raises: what ``on_event`` raised; ``openai.APIStatusError`` for a status other than 200;
+    ``openai.APITimeoutError`` / ``APIConnectionError`` for a transport failure, while posting
+    or reading (as the openai client raises them).
     """
-    response = blocks = None
+    framer = SSEFramer()
+    feed = framer.feed
+
+    def piece(block: bytes, read_ns: int, rx_ns: int | None) -> None:
+        for payload in feed(block):
+            on_event(payload, read_ns, rx_ns)
+
+    response = None
     try:
         async with asyncio.timeout(timeout_s):
             response = await pool.post(url, headers, json.dumps(_request_body(kwargs)).encode(), state)
@@ -193,16 +195,13 @@ async def sse_body(
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True
         state["sent_ns"] = response.sent_ns
-        blocks = response.blocks(timeout_s)
-        yield blocks, response.log
+        await response.consume(piece, timeout_s)
     except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
         if isinstance(exc, TimeoutError):
             raise openai.APITimeoutError(request=request) from exc
         raise openai.APIConnectionError(message=str(exc), request=request) from exc
     finally:
-        if blocks is not None:
-            await blocks.aclose()
         if response is not None:
             pool.release(response)
 
@@ -218,55 +217,52 @@ async def receive_sse(
     """POST the request to ``url`` and read its SSE body into ``state`` (:func:`new_state`).
 
     ``kwargs``: :func:`tasks.stream.client.build_request`'s, sent as the openai client would;
-    ``timeout_s``: :func:`sse_body`'s.
-
-    SSE as :class:`SSEFramer` frames it. Every event read from one network read gets that
-    read's arrival time. Transport failures are raised as the openai client would raise them.
+    ``timeout_s``: :func:`read_sse`'s. Every event gets the stamps of the read that completed
+    it. Transport failures are raised as the openai client would raise them.
     """
-    async with sse_body(pool, url, headers, kwargs, state, timeout_s) as (blocks, log):
-        framer = SSEFramer()
-        async for block, now_ns in blocks:
-            for position, payload in framer.feed(block):
-                if payload == b"[DONE]":
-                    state["done"] = True
-                    continue
-                event = loads(payload)
-                state["chunks"] += 1
-                if not isinstance(event, dict):
-                    raise _shape_error("the data line is not a JSON object", payload)
-                choices = event.get("choices")
-                if choices:
-                    choice = choices[0] if isinstance(choices, list) else None
-                    if not isinstance(choice, dict):
-                        raise _shape_error("choices[0] is not an object", payload)
-                    delta = choice.get("delta")
-                    called = False
-                    if isinstance(delta, dict):
-                        text = (
-                            delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
-                        )
-                        calls = delta.get("tool_calls")
-                        if calls:
-                            called = add_tool_calls(calls, state["tool_calls"])
-                    else:  # /completions: choices[].text
-                        text = choice.get("text")
-                    if not isinstance(text, str):
-                        text = ""
-                    if text or called:
-                        arrived(state, log, position, now_ns, text)
-                    if choice.get("finish_reason") is not None:
-                        state["finish_reason"] = choice["finish_reason"]
-                        if "timings" in event:  # llama.cpp's, on its last choice chunk
-                            state["timings"] = event["timings"]
-                else:
-                    error = _event_error(event)
-                    if error is not None:
-                        raise error
-                    if "timings" in event:  # llama.cpp's final chunk, ``choices: []``
-                        state["timings"] = event["timings"]
-                usage = event.get("usage")
-                if usage:
-                    state["usage"] = usage
+    tool_calls = state["tool_calls"]
+
+    def on_event(payload: bytes, read_ns: int, rx_ns: int | None) -> None:
+        if payload == b"[DONE]":
+            state["done"] = True
+            return
+        event = loads(payload)
+        state["chunks"] += 1
+        if not isinstance(event, dict):
+            raise _shape_error("the data line is not a JSON object", payload)
+        choices = event.get("choices")
+        if choices:
+            choice = choices[0] if isinstance(choices, list) else None
+            if not isinstance(choice, dict):
+                raise _shape_error("choices[0] is not an object", payload)
+            delta = choice.get("delta")
+            called = False
+            if isinstance(delta, dict):
+                text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+                calls = delta.get("tool_calls")
+                if calls:
+                    called = add_tool_calls(calls, tool_calls)
+            else:  # /completions: choices[].text
+                text = choice.get("text")
+            if not isinstance(text, str):
+                text = ""
+            if text or called:
+                arrived(state, read_ns, rx_ns, text)
+            if choice.get("finish_reason") is not None:
+                state["finish_reason"] = choice["finish_reason"]
+                if "timings" in event:  # llama.cpp's, on its last choice chunk
+                    state["timings"] = event["timings"]
+        else:
+            error = _event_error(event)
+            if error is not None:
+                raise error
+            if "timings" in event:  # llama.cpp's final chunk, ``choices: []``
+                state["timings"] = event["timings"]
+        usage = event.get("usage")
+        if usage:
+            state["usage"] = usage
+
+    await read_sse(pool, url, headers, kwargs, state, timeout_s, on_event)
 
 
 def _keep_timings(chunk: Any, state: dict[str, Any]) -> None:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.stream import rxclock
+from tasks.stream import reactor, rxclock
 
 __all__ = ["Pool", "ProtocolError", "Response", "Sink"]
 
@@ -336,6 +336,7 @@ class Pool:
         self._kernel_clock = kernel_clock
         self._addresses: list[tuple[Any, ...]] | None = None
         self._idle: list[Response] = []
+        self._reactor: reactor.Reactor | None = None  # plain connections' reads (tasks.stream.reactor)
         self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 
     def _request_bytes(self, url: str, headers: dict[str, str], body: bytes) -> bytes:
@@ -363,12 +364,17 @@ class Pool:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 await loop.sock_connect(sock, address)
                 response = Response(sock if isinstance(sock, rxclock.StampedSocket) else None)
-                await loop.create_connection(
-                    lambda response=response: response,
-                    sock=sock,
-                    ssl=self._tls,
-                    server_hostname=self._host if self._tls else None,
-                )
+                if self._tls is None and reactor.SUPPORTED:
+                    if self._reactor is None:
+                        self._reactor = reactor.Reactor(loop)
+                    reactor.PlainTransport(self._reactor, sock, response)
+                else:
+                    await loop.create_connection(
+                        lambda response=response: response,
+                        sock=sock,
+                        ssl=self._tls,
+                        server_hostname=self._host if self._tls else None,
+                    )
             except OSError as exc:
                 sock.close()
                 failure = exc
@@ -412,9 +418,12 @@ class Pool:
             response.transport.close()
 
     async def close(self) -> None:
-        """Close every idle connection."""
+        """Close every connection."""
         idle, self._idle = self._idle, []
         for response in idle:
             if response.transport is not None:
                 response.transport.close()
         await asyncio.sleep(0)  # let the transports' close callbacks run
+        if self._reactor is not None:
+            self._reactor.close()
+            self._reactor = None

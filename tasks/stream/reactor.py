@@ -1,0 +1,153 @@
+"""Plain-TCP connections of the stream client read without asyncio's transport per socket.
+
+asyncio's selector loop gives every readable socket its own turn: the selector's key look-up,
+a callback handle queued and run in its context, then the transport's two read methods before
+the protocol's ``data_received``: about as much CPU per read as the chunk's own framing and JSON
+(README "Cheaper per chunk"). Here one :class:`Reactor` per pool keeps its connections in a
+private epoll (Linux, ``man 7 epoll``) that is itself one reader of the loop: one turn reads
+every connection that is ready (``epoll_wait`` with no wait), each with one ``recv`` handed
+straight to its protocol. The loop's own selector still decides when that turn comes, so the
+reads are as prompt as before, and their kernel stamps (:mod:`tasks.stream.rxclock`) are the
+same stamps.
+
+:class:`PlainTransport` is the part of ``asyncio.Transport`` that :class:`tasks.stream.h1.Response`
+uses: ``write`` (the request; what the socket does not take at once is sent when it can),
+``close`` and ``is_closing``, with the protocol called as asyncio calls it (``connection_made``,
+``data_received``, ``eof_received``, then ``connection_lost`` once, from a later loop turn when
+closed by the client). TLS connections, and platforms without epoll (:data:`SUPPORTED`), keep
+asyncio's transports.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import select
+import socket
+from typing import Any
+
+__all__ = ["SUPPORTED", "PlainTransport", "Reactor"]
+
+#: Whether this platform has epoll (Linux); elsewhere the client keeps asyncio's transports.
+SUPPORTED = hasattr(select, "epoll")
+#: Bytes taken per read at most (asyncio's selector transport takes 256 KiB).
+READ_BYTES = 256 * 1024
+
+
+class Reactor:
+    """The plain connections of one pool on one event loop (module docstring). Raises OSError
+    when the epoll cannot be made."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._epoll = select.epoll()
+        self._transports: dict[int, PlainTransport] = {}
+        loop.add_reader(self._epoll.fileno(), self._ready)
+
+    def _ready(self) -> None:
+        transports = self._transports
+        for fd, _ in self._epoll.poll(0):
+            transport = transports.get(fd)
+            if transport is not None:
+                transport._read()
+
+    def _add(self, fd: int, transport: PlainTransport) -> None:
+        self._epoll.register(fd, select.EPOLLIN)
+        self._transports[fd] = transport
+
+    def _remove(self, fd: int) -> None:
+        if self._transports.pop(fd, None) is not None:
+            self._epoll.unregister(fd)
+
+    def close(self) -> None:
+        """Close every connection still open and stop reading (their protocols are told)."""
+        for transport in list(self._transports.values()):
+            transport._lost(None)
+        self._loop.remove_reader(self._epoll.fileno())
+        self._epoll.close()
+
+
+class PlainTransport:
+    """One connected non-blocking socket read by ``reactor`` for ``protocol`` (an
+    ``asyncio.Protocol``), which it tells at once that the connection is made."""
+
+    def __init__(self, reactor: Reactor, sock: socket.socket, protocol: asyncio.Protocol) -> None:
+        self._reactor, self._sock, self._protocol = reactor, sock, protocol
+        self._fd = sock.fileno()
+        self._recv = sock.recv
+        self._unsent = b""  # what the socket did not take yet
+        self._closing = self._lost_called = False
+        reactor._add(self._fd, self)
+        protocol.connection_made(self)  # type: ignore[arg-type]
+
+    def _read(self) -> None:
+        try:
+            data = self._recv(READ_BYTES)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        if data:
+            self._protocol.data_received(data)
+        else:  # the server closed its side
+            self._protocol.eof_received()
+            self._lost(None)
+
+    def write(self, data: bytes) -> None:
+        """Send ``data``: at once as far as the socket takes it, the rest when it can."""
+        if self._closing:
+            return
+        if self._unsent:
+            self._unsent += data
+            return
+        try:
+            sent = self._sock.send(data)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        except OSError as exc:
+            self._lost(exc)
+            return
+        if sent < len(data):
+            self._unsent = data[sent:]
+            self._reactor._loop.add_writer(self._fd, self._write_more)
+
+    def _write_more(self) -> None:
+        try:
+            sent = self._sock.send(self._unsent)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._lost(exc)
+            return
+        self._unsent = self._unsent[sent:]
+        if not self._unsent:
+            self._reactor._loop.remove_writer(self._fd)
+
+    def close(self) -> None:
+        """Stop reading, close the socket and tell the protocol in a later loop turn."""
+        if not self._closing:
+            self._closing = True
+            self._shut()
+            self._reactor._loop.call_soon(self._lost, None)
+
+    def is_closing(self) -> bool:  # noqa: D102
+        return self._closing
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:  # noqa: D102
+        return self._sock if name == "socket" else default
+
+    def _shut(self) -> None:
+        if self._sock.fileno() < 0:
+            return
+        self._reactor._remove(self._fd)
+        if self._unsent:
+            self._reactor._loop.remove_writer(self._fd)
+            self._unsent = b""
+        self._sock.close()
+
+    def _lost(self, exc: Exception | None) -> None:
+        self._closing = True
+        self._shut()
+        if not self._lost_called:
+            self._lost_called = True
+            self._protocol.connection_lost(exc)

@@ -244,6 +244,38 @@ def test_a_head_that_is_not_http_names_the_part() -> None:
     assert isinstance(error, h1.ProtocolError) and "not an HTTP/1.1 status line" in str(error)
 
 
+def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole() -> None:
+    """A plain connection's request goes out as far as the socket takes it, the rest as the
+    server reads (tasks.stream.reactor.PlainTransport.write): 16 MiB to a server reading in
+    64 KiB steps, then the next request on the same connection."""
+    sizes: list[int] = []
+
+    async def script(reader, writer) -> None:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+            got = 0
+            while got < length:
+                got += len(await reader.read(min(65536, length - got)))
+                await asyncio.sleep(0)
+            sizes.append(got)
+            writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+            await writer.drain()
+
+    async def big_then_small(pool: h1.Pool) -> list[bytes]:
+        bodies = []
+        for body in (b"x" * (16 << 20), b"{}"):
+            response = await pool.post(pool_url(pool), {}, body, {})
+            try:
+                bodies.append(await response.read_all(10.0))
+            finally:
+                pool.release(response)
+        return bodies
+
+    bodies, connections = asyncio.run(_serve(script, big_then_small))
+    assert bodies == [b"ok", b"ok"] and sizes == [16 << 20, 2] and connections == 1
+
+
 def test_only_http_urls_are_taken() -> None:
     with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
         h1.Pool("ftp://example.com/v1", kernel_clock=False)

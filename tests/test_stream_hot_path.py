@@ -105,8 +105,10 @@ def test_a_stamped_stream_is_framed_in_each_reads_callback_with_its_times(server
     how soon after each other they come is timing, which a client or instrument descheduled on
     2 shared cores can stretch for a few chunks (CI: 1 run in 3): measured up to 3 times."""
     blocks: list[bytes] = []
-    feed = SSEFramer.feed
-    monkeypatch.setattr(SSEFramer, "feed", lambda self, block: blocks.append(block) or feed(self, block))
+    sink = SSEFramer.sink
+    monkeypatch.setattr(
+        SSEFramer, "sink", lambda self, block, *stamps: blocks.append(block) or sink(self, block, *stamps)
+    )
     for _ in range(3):
         blocks.clear()
         server.reset()
@@ -197,7 +199,12 @@ def test_a_send_starts_by_its_learned_dispatch_cost_early_and_never_chases_a_sta
     ],
 )
 def test_a_piece_is_framed_as_the_same_bytes_split_anywhere(piece: bytes, payloads: list[bytes]) -> None:
-    assert SSEFramer().feed(piece) == payloads
-    for cut in range(1, len(piece)):
-        framer = SSEFramer()
-        assert framer.feed(piece[:cut]) + framer.feed(piece[cut:]) == payloads, cut
+    for cut in range(len(piece)):  # 0: the piece whole
+        got: list[tuple[bytes, int]] = []
+        framer = SSEFramer(lambda payload, read_ns, _rx_ns, got=got: got.append((payload, read_ns)))
+        framer.sink(piece[:cut], 1, None)
+        framer.sink(piece[cut:], 2, None)
+        assert [payload for payload, _ in got] == payloads, cut
+        # each event is stamped by the read that ended it: the first piece's only if it held its end
+        ended_first = len(SSEFramer().feed(piece[:cut]))
+        assert [read_ns for _, read_ns in got] == [1] * ended_first + [2] * (len(payloads) - ended_first), cut

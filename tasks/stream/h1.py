@@ -1,18 +1,13 @@
 """HTTP/1.1 for the stream client: one POST, its streamed body, connections kept alive.
 
-The stream client's own HTTP/1.1 (RFC 9112: the status line and header fields, §4-5; the
-message body's length, §6.3; the chunked transfer coding, §7.1) over an asyncio protocol, in
-place of aiohttp, whose request cost ~614 us of CPU against ~187 us here (one chunk per request,
-256 streams; README "Cheaper per chunk"). One ``data_received`` per read decodes the framing and
-hands the body's bytes to the reader's sink (:meth:`Response.consume`) in that same callback:
-the reading coroutine does not wake until the body ends (a wake per read, or per drain of what
-the reads buffered, cost more than the chunk's own parsing: README "Cheaper per chunk").
-
-Arrival stamps: each read's kernel receive time and return time are taken by the
-:class:`tasks.stream.rxclock.StampedSocket` under the transport (it reads with ``recvmsg``); the
-protocol runs in the same loop callback as that read, so every body piece goes to the sink with
-the stamps of the read that delivered it. TLS reads through the same socket (``recv_into``): the
-stamp is the raw read that carried the record.
+The stream client's own HTTP/1.1 (RFC 9112: head §4-5, body length §6.3, chunked §7.1) over an
+asyncio protocol, in place of aiohttp (its request cost ~614 us of CPU against ~187 us here: README
+"Cheaper per chunk"). One ``data_received`` per read decodes the framing and hands the body's
+bytes, with the stamps of that read (``recvmsg`` on the :class:`tasks.stream.rxclock.StampedSocket`
+under the transport; for TLS the raw read that carried the record), to the reader's sink
+(:meth:`Response.consume`) in that same callback: the reading coroutine does not wake until the
+body ends (a wake per read, or per drain of what reads buffered, cost more than the parsing).
+Plain connections are read through :mod:`tasks.stream.reactor`, TLS through asyncio's transport.
 
 Scope (what the endpoints the client measures send): status 200 with a chunked,
 ``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; no
@@ -43,14 +38,11 @@ Sink = Callable[[bytes, int, "int | None"], None]
 _perf_ns = time.perf_counter_ns
 
 MAX_HEAD_BYTES = 64 * 1024  # the longest head (status line and header fields) taken
-
-# framing states of a connection
-_IDLE, _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(8)
+_IDLE, _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(8)  # framing states
 
 
 class ProtocolError(Exception):
-    """The server's bytes are not an HTTP/1.1 response this client reads (the message says
-    which part)."""
+    """The server's bytes are not an HTTP/1.1 response this client reads (the message: which)."""
 
 
 class _Refused(Exception):
@@ -77,8 +69,7 @@ class Response(asyncio.Protocol):
         self._sink: Sink | None = None
         self._early: list[tuple[bytes, int, int | None]] = []  # body pieces before a sink came
         self._read_ns, self._rx_ns = 0, None  # the stamps of the read being framed
-        self._total = 0  # body bytes so far
-        self._ended = False
+        self._total, self._ended = 0, False  # body bytes so far; the body ended as framed
         self._error: BaseException | None = None
         self._waiter: asyncio.Future[None] | None = None
 
@@ -121,14 +112,7 @@ class Response(asyncio.Protocol):
         pos, n = 0, len(data)
         while pos < n:
             state = self._state
-            if state == _DATA:
-                take = min(self._left, n - pos)
-                self._body(data[pos : pos + take] if take < n else data)
-                pos += take
-                self._left -= take
-                if not self._left:
-                    self._state = _CRLF
-            elif state == _SIZE or state == _TRAILER:
+            if state == _SIZE or state == _TRAILER:  # first: a streamed body is mostly size lines
                 end = data.find(b"\r\n", pos)
                 if end < 0:
                     self._rest = data[pos:]
@@ -138,7 +122,9 @@ class Response(asyncio.Protocol):
                     if not line:
                         self._end()
                     continue
-                size = int(line.split(b";", 1)[0], 16)  # chunk extensions are dropped (§7.1.1)
+                if b";" in line:  # chunk extensions are dropped (RFC 9112 §7.1.1)
+                    line = line[: line.find(b";")]
+                size = int(line, 16)
                 if size < 0:
                     raise ProtocolError(f"bad chunk size {line[:40]!r}")
                 stop = pos + size
@@ -147,6 +133,13 @@ class Response(asyncio.Protocol):
                     pos = stop + 2
                     continue
                 self._left, self._state = size, (_DATA if size else _TRAILER)
+            elif state == _DATA:
+                take = min(self._left, n - pos)
+                self._body(data[pos : pos + take] if take < n else data)
+                pos += take
+                self._left -= take
+                if not self._left:
+                    self._state = _CRLF
             elif state == _CRLF:
                 if n - pos < 2:
                     self._rest = data[pos:]
@@ -221,8 +214,7 @@ class Response(asyncio.Protocol):
             raise _Refused(exc) from None
 
     def _end(self) -> None:
-        self._state = _IDLE
-        self._ended = True
+        self._state, self._ended = _IDLE, True
         self._wake()
 
     def _fail(self, exc: BaseException) -> None:
@@ -316,8 +308,7 @@ class Pool:
     the default context, which honours ``SSL_CERT_FILE``). A connection goes back to the pool
     only after its response ended as framed and the server did not ask to close it.
 
-    ``kernel_clock``: the sockets stamp their reads in the kernel (``rxclock``; Linux), else
-    plain sockets and the user-space clock.
+    ``kernel_clock``: the sockets stamp their reads in the kernel (``rxclock``; Linux).
 
     Raises (from :meth:`post`): ``OSError`` (``ConnectionError``) when no address accepts a
     connection or the connection is lost before the head; :class:`ProtocolError` for a head this

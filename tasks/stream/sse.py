@@ -9,6 +9,7 @@ event: nothing else runs there (README "Cheaper per chunk" for what each costs).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -31,18 +32,24 @@ class SSEFramer:
     events end with a blank line; ``data:`` lines (one optional space after the colon) carry the
     payload, joined by ``\n`` when there are several; other lines (comments ``:``, ``event:``)
     are skipped; ``\r\n`` line ends are accepted. Shared by ``tasks.stream.transports.receive_sse``
-    and ``tasks.stream.responses.receive_responses``, on their hot path: one call per body piece
-    (``tasks.stream.h1.Sink``), no per-event generator, and a piece that is one whole
-    ``data: ...`` event (what a streaming server writes per chunk) is cut without splitting it."""
+    and ``tasks.stream.responses.receive_responses``, on their hot path: :meth:`sink` is the body's
+    reader (``tasks.stream.h1.Sink``), one call per body piece, no per-event generator, and a piece
+    that is one whole ``data: ...`` event (what a streaming server writes per chunk) is handed on
+    without splitting it.
 
-    __slots__ = ("_data", "_pending")
+    ``on_event(payload, read_ns, rx_ns)``: called by :meth:`sink` for every event's payload
+    (bytes) with the stamps of the read that completed it."""
 
-    def __init__(self) -> None:
+    __slots__ = ("_data", "_on_event", "_pending")
+
+    def __init__(self, on_event: Callable[[bytes, int, int | None], None] | None = None) -> None:
         self._pending = b""  # the last, unfinished line
         self._data: list[bytes] = []  # the data lines of the event being read
+        self._on_event = on_event
 
-    def feed(self, block: bytes) -> list[bytes]:
-        """The payloads (bytes) of the events that ``block`` (the body's next bytes) completes."""
+    def sink(self, block: bytes, read_ns: int, rx_ns: int | None) -> None:
+        """Frame ``block`` (the body's next bytes, delivered by the read stamped ``read_ns`` /
+        ``rx_ns``) and hand every event it completes to ``on_event``."""
         if (
             not self._pending
             and not self._data
@@ -51,7 +58,13 @@ class SSEFramer:
             and block.endswith(b"\n\n")
             and not block.endswith(b"\r\n\n")
         ):
-            return [block[6:-2]]
+            self._on_event(block[6:-2], read_ns, rx_ns)
+            return
+        for payload in self.feed(block):
+            self._on_event(payload, read_ns, rx_ns)
+
+    def feed(self, block: bytes) -> list[bytes]:
+        """The payloads (bytes) of the events that ``block`` (the body's next bytes) completes."""
         data = self._data
         lines = (self._pending + block).split(b"\n")
         self._pending = lines.pop()

@@ -180,13 +180,7 @@ async def read_sse(
     ``openai.APITimeoutError`` / ``APIConnectionError`` for a transport failure, while posting
     or reading (as the openai client raises them).
     """
-    framer = SSEFramer()
-    feed = framer.feed
-
-    def piece(block: bytes, read_ns: int, rx_ns: int | None) -> None:
-        for payload in feed(block):
-            on_event(payload, read_ns, rx_ns)
-
+    framer = SSEFramer(on_event)
     response = None
     try:
         async with asyncio.timeout(timeout_s):
@@ -195,7 +189,7 @@ async def read_sse(
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True
         state["sent_ns"] = response.sent_ns
-        await response.consume(piece, timeout_s)
+        await response.consume(framer.sink, timeout_s)
     except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
         if isinstance(exc, TimeoutError):

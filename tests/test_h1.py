@@ -276,6 +276,35 @@ def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole() -> None:
     assert bodies == [b"ok", b"ok"] and sizes == [16 << 20, 2] and connections == 1
 
 
+def test_closing_the_pool_ends_a_response_in_flight_and_closes_its_socket() -> None:
+    """Pool.close closes the connections still reading (tasks.stream.reactor.Reactor.close): a
+    body being consumed then fails as a connection lost, and no socket stays open."""
+
+    async def stall(reader, writer) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
+        await writer.drain()
+        await asyncio.sleep(3)
+
+    async def close_mid_body(pool: h1.Pool) -> tuple[list[bytes], BaseException | None, int]:
+        response = await pool.post(pool_url(pool), {}, b"{}", {})
+        got: list[bytes] = []
+        reading = asyncio.ensure_future(response.consume(lambda piece, *_: got.append(piece), 5.0))
+        while not got:
+            await asyncio.sleep(0.01)
+        sock = response.transport.get_extra_info("socket")
+        await pool.close()
+        try:
+            await reading
+        except ConnectionError as exc:
+            return got, exc, sock.fileno()
+        return got, None, sock.fileno()
+
+    (got, error, fileno), _ = asyncio.run(_serve(stall, close_mid_body))
+    assert got == [EVENTS[0]] and isinstance(error, ConnectionError), error
+    assert fileno == -1  # closed
+
+
 def test_only_http_urls_are_taken() -> None:
     with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
         h1.Pool("ftp://example.com/v1", kernel_clock=False)

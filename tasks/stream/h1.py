@@ -353,13 +353,12 @@ class Pool:
             try:
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, address)
                 response = Response(sock if isinstance(sock, rxclock.StampedSocket) else None)
                 if self._tls is None and reactor.SUPPORTED:
-                    if self._reactor is None:
-                        self._reactor = reactor.Reactor(loop)
-                    reactor.PlainTransport(self._reactor, sock, response)
+                    self._reactor = self._reactor or reactor.Reactor(loop)
+                    await self._reactor.connect(sock, address, response)
                 else:
+                    await loop.sock_connect(sock, address)
                     await loop.create_connection(
                         lambda response=response: response,
                         sock=sock,

@@ -46,9 +46,9 @@ class Reactor:
     async def connect(self, sock: socket.socket, address: Any, protocol: asyncio.Protocol) -> PlainTransport:
         """Connect the non-blocking ``sock`` to ``address`` and read it for ``protocol``. The
         connections ready to read are read first, before the connect and after it: a burst of
-        new connections (a level's start: 128 per client process at 256 streams, 10-20 ms of
-        loop time) would otherwise keep them waiting through whole loop turns, and a stream's
-        chunk would be read with the next one (its kernel stamp then the next one's).
+        new connections (a level's start: 128 per client process at 256 streams) otherwise kept
+        them waiting through whole loop turns, over 10 ms: the first measured request's first
+        chunk was read with its second, 10 ms later (its kernel stamp then the second's).
 
         Raises: OSError from the connect."""
         self.read_ready()

@@ -41,6 +41,12 @@ class Reactor:
         self._loop = loop
         self._epoll = select.epoll()
         self._transports: dict[int, PlainTransport] = {}
+        # Every read lands in this one buffer and only its bytes are copied out: a fresh
+        # READ_BYTES object per read is an mmap, mremap and munmap where malloc's mmap threshold
+        # is fixed, as in a Dask worker (its nanny sets MALLOC_TRIM_THRESHOLD_): README "Dask
+        # workers read as client processes do".
+        self._buffer = bytearray(READ_BYTES)
+        self._view = memoryview(self._buffer)
         loop.add_reader(self._epoll.fileno(), self.read_ready)
 
     async def connect(self, sock: socket.socket, address: Any, protocol: asyncio.Protocol) -> PlainTransport:
@@ -87,7 +93,7 @@ class PlainTransport:
     def __init__(self, reactor: Reactor, sock: socket.socket, protocol: asyncio.Protocol) -> None:
         self._reactor, self._sock, self._protocol = reactor, sock, protocol
         self._fd = sock.fileno()
-        self._recv = sock.recv
+        self._recv_into = sock.recv_into
         self._unsent = b""  # what the socket did not take yet
         self._closing = self._lost_called = False
         reactor._add(self._fd, self)
@@ -95,14 +101,14 @@ class PlainTransport:
 
     def _read(self) -> None:
         try:
-            data = self._recv(READ_BYTES)
+            count = self._recv_into(self._reactor._buffer)
         except (BlockingIOError, InterruptedError):
             return
         except OSError as exc:
             self._lost(exc)
             return
-        if data:
-            self._protocol.data_received(data)
+        if count:
+            self._protocol.data_received(self._reactor._view[:count].tobytes())
         else:  # the server closed its side
             self._protocol.eof_received()
             self._lost(None)

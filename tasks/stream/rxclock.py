@@ -97,25 +97,20 @@ class StampedSocket(socket.socket):
         return data
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # noqa: D102
-        view = memoryview(buffer)
-        if nbytes:
-            view = view[:nbytes]
-        count, ancillary, _, _ = self.recvmsg_into([view], _ANCILLARY_BYTES, flags)
+        buffers = (memoryview(buffer)[:nbytes],) if nbytes else (buffer,)
+        count, ancillary, _, _ = self.recvmsg_into(buffers, _ANCILLARY_BYTES, flags)
         self.read_ns = _perf_ns()
-        self._took(ancillary)
+        # inline, as in recv: the reactor's read (tasks.stream.reactor) comes here once per chunk
+        for level, kind, payload in ancillary:
+            if kind == SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
+                sec, nsec = _TIMESPEC.unpack_from(payload)
+                self.rx_ns = sec * 1_000_000_000 + nsec
         return count
 
     def send(self, data: Any, flags: int = 0) -> int:  # noqa: D102
         count = super().send(data, flags)
         self.sent_ns = _perf_ns()
         return count
-
-    def _took(self, ancillary: list[tuple[int, int, bytes]]) -> None:
-        """Keep a read's kernel stamp (its ``SCM_TIMESTAMPNS`` message)."""
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS and len(payload) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(payload)
-                self.rx_ns = sec * 1_000_000_000 + nsec
 
 
 def stamped_socket(addr_info: tuple) -> socket.socket | None:

@@ -43,8 +43,8 @@ class Reactor:
         self._transports: dict[int, PlainTransport] = {}
         # Every read lands in this one buffer and only its bytes are copied out: a fresh
         # READ_BYTES object per read is an mmap, mremap and munmap where malloc's mmap threshold
-        # is fixed, as in a Dask worker (its nanny sets MALLOC_TRIM_THRESHOLD_): README "Dask
-        # workers read as client processes do".
+        # is fixed, as in a Dask worker (its nanny sets MALLOC_TRIM_THRESHOLD_): README "Load
+        # from several hosts".
         self._buffer = bytearray(READ_BYTES)
         self._view = memoryview(self._buffer)
         loop.add_reader(self._epoll.fileno(), self.read_ready)

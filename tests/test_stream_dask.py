@@ -93,6 +93,31 @@ def test_the_task_runner_parser_reads_each_form_and_names_them_for_anything_else
     )
 
 
+def test_the_local_clusters_workers_keep_their_loop_quiet() -> None:
+    """The LocalCluster a command starts (tasks.stream.dask_cluster.dask_client) gives its
+    workers QUIET_WORKER_CONFIG: their periodic checks once a second (the tick's was 20 ms, the
+    memory monitor's 100 ms), no profiler thread (it sampled every 10 ms), the heartbeat kept."""
+    from tasks.stream.dask_cluster import QUIET_WORKER_CONFIG, dask_client
+
+    def look(dask_worker) -> tuple[dict, dict, list[str]]:
+        import threading
+
+        import dask
+
+        return (
+            {key: dask.config.get(key) for key in QUIET_WORKER_CONFIG},
+            {name: pc.callback_time for name, pc in dask_worker.periodic_callbacks.items()},
+            [thread.name for thread in threading.enumerate()],
+        )
+
+    with dask_client(DaskChoice(workers=1)) as client:
+        [(config, periods_ms, threads)] = client.run(look).values()
+    assert config == QUIET_WORKER_CONFIG
+    assert periods_ms["tick"] == periods_ms["memory_monitor"] == periods_ms["monitor"] == 1000
+    assert periods_ms["heartbeat"] <= 1000
+    assert not [name for name in threads if "profile" in name.lower()], threads
+
+
 # Levels on a LocalCluster ---------------------------------------------------------------------
 
 

@@ -9,6 +9,12 @@ the cluster while it does (the cluster's threads, and the processes they spawn, 
 mask) and ignored by each worker (:func:`dask_setup`, Dask's preload hook). This process takes
 it: the level's links close, each worker's client cancels its requests at once
 (``tasks.stream.dask_wire``), and the cluster closes, its shutdown's log lines silenced.
+
+The LocalCluster's workers run with :data:`QUIET_WORKER_CONFIG`: a worker's own event loop
+otherwise wakes 300-700 times a second (its 20 ms tick, its 10 ms profiler, its memory and
+system monitors) and takes the GIL from the client measuring on its task thread each time.
+A scheduler's workers (``--task-runner dask:tcp://...``) keep the config they were started with:
+README "Load from several hosts" gives the same settings as environment variables.
 """
 
 from __future__ import annotations
@@ -23,7 +29,18 @@ from typing import Any
 
 from tasks.stream.multiproc import START_TIMEOUT_S
 
-__all__ = ["dask_client", "dask_setup"]
+__all__ = ["QUIET_WORKER_CONFIG", "dask_client", "dask_setup"]
+
+#: Dask settings for the LocalCluster's workers (module docstring). Measured through
+#: `infermeter stream --task-runner dask:2` at 512 streams (tests/benchmarks/stream_client.py,
+#: 2026-12-04): each worker's loop thread went from 300-700 wakes a second to about 6, the
+#: level's CPU per chunk from 24-28 us to 19-20 (2 client processes: 21-24).
+QUIET_WORKER_CONFIG = {
+    "distributed.admin.tick.interval": "1s",  # 20 ms: the event loop's health check
+    "distributed.admin.system-monitor.interval": "1s",  # 500 ms: CPU, memory, network figures
+    "distributed.worker.memory.monitor-interval": "1s",  # 100 ms: spill / pause / terminate
+    "distributed.worker.profile.enabled": False,  # a 10 ms sampling thread (the dashboard's)
+}
 
 
 def dask_setup(worker: Any) -> None:
@@ -58,6 +75,7 @@ def dask_client(choice: Any) -> Iterator[Any]:
     processes exit when this process does, however it ends: Dask's parent-alive pipe). An
     interrupt (an exception not an ``Exception``) ends the block with Dask's logging silenced:
     what the closing cluster says then is no error of the run's."""
+    import dask
     from distributed import Client, LocalCluster
 
     log = logging.getLogger("distributed")
@@ -68,7 +86,8 @@ def dask_client(choice: Any) -> Iterator[Any]:
                 yield client
             return
         workers = choice.workers or os.cpu_count() or 1
-        with _sigint_blocked():
+        # the config is set while the nannies are made: each hands its worker the config of then
+        with _sigint_blocked(), dask.config.set(QUIET_WORKER_CONFIG):
             cluster = LocalCluster(
                 n_workers=workers,
                 threads_per_worker=1,

@@ -29,10 +29,10 @@ client-bound flag and loop lag p99 are beside its offsets in ``client["client_wo
 The task runs the client on the Dask worker's task thread (``asyncio.run``: that thread has no
 loop). A forked client process (``tasks.stream.multiproc``) would leave the Dask worker's own
 threads off the client's GIL, but cannot start from a daemonic worker (Dask's default) and adds
-a fork server per worker. Measured (README "Load from several hosts"): the worker's loop thread
-wakes 300-700 times a second and takes the GIL each time, ~15 % more CPU per chunk than a client
-process; each worker's loop-lag probe and client-bound flag say when it costs a figure. (Its
-nanny's ``MALLOC_TRIM_THRESHOLD_`` once cost far more: ``tasks.stream.reactor.Reactor``.)
+a fork server per worker. Those threads once cost the client 10-20 % more CPU per chunk (its
+loop woke 300-700 times a second); a LocalCluster's workers now run quiet
+(``tasks.stream.dask_cluster.QUIET_WORKER_CONFIG``; README "Load from several hosts"), and each
+worker's loop-lag probe and client-bound flag say when they still cost a figure.
 """
 
 from __future__ import annotations

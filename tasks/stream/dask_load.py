@@ -204,7 +204,9 @@ def run_level_dask(
     """
     addresses = sorted(workers or client.scheduler_info()["workers"])[: settings.max_concurrency]
     if not addresses:
-        raise ValueError("the Dask cluster has no worker to run the level")
+        raise ValueError(
+            "the Dask cluster has no worker to run the level: start one (`dask worker SCHEDULER_ADDRESS`)"
+        )
     n = len(addresses)
     history = HistoryTokens(settings)
     result = LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
@@ -248,7 +250,8 @@ def run_level_dask(
                 late = [w.address for w in ws if w.state == "waiting"]
                 if late and time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"Dask workers did not connect in {START_TIMEOUT_S:g} s: {late}"
+                        f"Dask workers did not connect in {START_TIMEOUT_S:g} s: {late} (can they import "
+                        "infermeter, from the same environment? their own logs say why)"
                     ) from None
             else:
                 w = ws[k]

@@ -34,7 +34,7 @@ __all__ = ["QUIET_WORKER_CONFIG", "dask_client", "dask_setup"]
 #: Dask settings for the LocalCluster's workers (module docstring). Measured through
 #: `infermeter stream --task-runner dask:2` at 512 streams (tests/benchmarks/stream_client.py,
 #: 2026-12-04): each worker's loop thread went from 300-700 wakes a second to about 6, the
-#: level's CPU per chunk from 24-28 us to 19-20 (2 client processes: 21-24).
+#: level's CPU per chunk from 24-28 us to 21-23 (2 client processes: 21-23).
 QUIET_WORKER_CONFIG = {
     "distributed.admin.tick.interval": "1s",  # 20 ms: the event loop's health check
     "distributed.admin.system-monitor.interval": "1s",  # 500 ms: CPU, memory, network figures

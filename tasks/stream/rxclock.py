@@ -87,20 +87,15 @@ class StampedSocket(socket.socket):
 
     # The three calls asyncio's selector transport makes. ---------------------------------
     def recv(self, bufsize: int, flags: int = 0) -> bytes:  # noqa: D102
-        data, ancillary, _, _ = self.recvmsg(bufsize, _ANCILLARY_BYTES, flags)
-        self.read_ns = _perf_ns()
-        # inline, not a call per read: this runs once per chunk (README "Cheaper per chunk")
-        for level, kind, payload in ancillary:
-            if kind == SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
-                sec, nsec = _TIMESPEC.unpack_from(payload)
-                self.rx_ns = sec * 1_000_000_000 + nsec
-        return data
+        # off the hot path on Linux (the reactor and TLS read with recv_into): one stamp reader
+        buffer = bytearray(bufsize)
+        return bytes(memoryview(buffer)[: self.recv_into(buffer, 0, flags)])
 
     def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:  # noqa: D102
         buffers = (memoryview(buffer)[:nbytes],) if nbytes else (buffer,)
         count, ancillary, _, _ = self.recvmsg_into(buffers, _ANCILLARY_BYTES, flags)
         self.read_ns = _perf_ns()
-        # inline, as in recv: the reactor's read (tasks.stream.reactor) comes here once per chunk
+        # inline, not a call per read: this runs once per chunk (README "Cheaper per chunk")
         for level, kind, payload in ancillary:
             if kind == SO_TIMESTAMPNS and level == socket.SOL_SOCKET and len(payload) >= _TIMESPEC.size:
                 sec, nsec = _TIMESPEC.unpack_from(payload)

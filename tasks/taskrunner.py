@@ -15,10 +15,12 @@ from pydantic import AfterValidator, Field
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
+    "DASK_TLS_ENV",
     "FORMS",
     "TASK_RUNNER_FIELD",
     "DaskChoice",
     "TaskRunner",
+    "check_dask_tls",
     "check_task_runner",
     "parse_task_runner",
     "validate",
@@ -80,14 +82,17 @@ def parse_task_runner(text: str | None) -> DaskChoice | None:
 def check_task_runner(text: str | None) -> DaskChoice | None:
     """:func:`parse_task_runner`, then for an address a TCP connection to its host and port
     (``CONNECT_TIMEOUT_S``), so that a scheduler where nothing listens is named before any
-    measurement.
+    measurement; for ``tls://``, Dask's TLS settings too (:func:`check_dask_tls`).
 
     Raises:
-        ValueError: a bad spec, or nothing accepts connections at the address (one line)."""
+        ValueError: a bad spec, a ``tls://`` address without Dask's TLS settings, or nothing
+            accepts connections at the address (one line)."""
     choice = parse_task_runner(text)
     if choice is None or choice.address is None:
         return choice
     parsed = urlparse(choice.address)
+    if parsed.scheme == "tls":
+        check_dask_tls(choice.address)
     try:
         with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
             pass
@@ -116,3 +121,34 @@ TASK_RUNNER_FIELD = Field(
     "worker per core), dask:N (N workers) or dask:ADDRESS (a scheduler, e.g. "
     "dask:tcp://10.0.0.5:8786), through prefect-dask.",
 )
+
+
+#: The environment variables of Dask's TLS settings a client needs (Dask's configuration,
+#: ``distributed.comm.tls``: https://distributed.dask.org/en/stable/tls.html).
+DASK_TLS_ENV = (
+    "DASK_DISTRIBUTED__COMM__TLS__CA_FILE",
+    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__CERT",
+    "DASK_DISTRIBUTED__COMM__TLS__CLIENT__KEY",
+)
+
+
+def check_dask_tls(address: str) -> None:
+    """A ``tls://`` scheduler needs the client's TLS context from Dask's configuration: the CA
+    that signed the scheduler's certificate and this client's certificate and key. Without it
+    ``distributed.Client`` fails mid-run with a TypeError about an ``ssl_context``; here it is
+    named before any measurement.
+
+    Raises:
+        ValueError: Dask's configuration builds no client TLS context (the message names
+            :data:`DASK_TLS_ENV`), or its files cannot be read."""
+    from distributed import Security
+
+    try:
+        context = Security().get_connection_args("client")["ssl_context"]
+    except (OSError, ValueError) as exc:  # a file named but missing, or not PEM
+        raise ValueError(f"Dask's TLS settings for {address} cannot be read: {exc}") from None
+    if context is None:
+        raise ValueError(
+            f"{address} is a TLS scheduler but Dask has no TLS settings: set {', '.join(DASK_TLS_ENV)} "
+            "(the scheduler's CA and this client's certificate and key, PEM files) or use tcp://"
+        )

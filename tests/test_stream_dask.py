@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -30,8 +31,10 @@ from tasks.stream.settings import Connection, LevelSettings
 from tasks.taskrunner import FORMS, DaskChoice, parse_task_runner
 
 try:
+    from tests import groundtruth_server as gt
     from tests.dask_cluster import dask_cluster
 except ImportError:  # run from tests/
+    import groundtruth_server as gt
     from dask_cluster import dask_cluster
 
 SKEW_NS = 250_000_000
@@ -93,6 +96,29 @@ def test_the_task_runner_parser_reads_each_form_and_names_them_for_anything_else
     )
 
 
+def test_a_tls_scheduler_without_dasks_tls_settings_is_named_before_any_connection(tmp_path) -> None:
+    """It was a TypeError about an ``ssl_context`` from deep inside ``distributed.Client``, once
+    the flow had begun."""
+    import dask
+
+    from tasks.taskrunner import DASK_TLS_ENV, check_task_runner
+
+    with pytest.raises(ValueError) as caught:
+        check_task_runner("dask:tls://127.0.0.1:1")  # nothing listens: the settings are named first
+    assert str(caught.value).startswith(
+        "tls://127.0.0.1:1 is a TLS scheduler but Dask has no TLS settings: set "
+    )
+    assert all(name in str(caught.value) for name in DASK_TLS_ENV)
+    cert, key = gt.self_signed_cert(tmp_path)
+    tls = {"distributed.comm.tls.ca-file": cert, "distributed.comm.tls.client.cert": cert}
+    with dask.config.set({**tls, "distributed.comm.tls.client.key": key}):
+        with pytest.raises(ValueError, match=r"^no Dask scheduler answers at tls://127.0.0.1:1 "):
+            check_task_runner("dask:tls://127.0.0.1:1")  # settings read: on to the connection
+    with dask.config.set({**tls, "distributed.comm.tls.client.key": str(tmp_path / "gone.pem")}):
+        with pytest.raises(ValueError, match=r"^Dask's TLS settings for tls://127.0.0.1:1 cannot be read: "):
+            check_task_runner("dask:tls://127.0.0.1:1")
+
+
 def test_the_local_clusters_workers_keep_their_loop_quiet() -> None:
     """The LocalCluster a command starts (tasks.stream.dask_cluster.dask_client) gives its
     workers QUIET_WORKER_CONFIG: their periodic checks once a second (the tick's was 20 ms, the
@@ -134,6 +160,51 @@ def client(cluster):
 
     with Client(cluster) as handle:
         yield handle
+
+
+#: A Dask worker as one started outside infermeter's environment: no editable finder, no cwd.
+_FOREIGN_WORKER = (
+    "import sys; sys.meta_path[:] = [f for f in sys.meta_path if '__editable__' not in "
+    "getattr(f, '__module__', '')]; sys.argv[0] = 'dask-worker'; "
+    "from distributed.cli.dask_worker import main; main()"
+)
+
+
+def test_a_worker_that_cannot_import_infermeter_is_named_before_the_level(tmp_path: Path) -> None:
+    """Such a worker failed only in its own log, and the level waited 120 s for it."""
+    from distributed import Client
+
+    from tasks.server import background_server, free_port
+
+    port, http, worker_http = free_port(), free_port(), free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    scheduler = ["-c", "from distributed.cli.dask_scheduler import main; main()", "--host", "127.0.0.1"]
+    scheduler += ["--port", str(port), "--dashboard-address", f"127.0.0.1:{http}"]
+    worker = ["-P", "-c", _FOREIGN_WORKER, address, "--nthreads", "1", "--no-nanny"]
+    worker += ["--dashboard-address", f"127.0.0.1:{worker_http}"]
+    env = dict(os.environ)
+    with (
+        background_server("dask scheduler", [sys.executable, *scheduler], env, f"http://127.0.0.1:{http}/health",
+                          startup_timeout_s=60, log_path=tmp_path / "scheduler.log"),
+        background_server("dask worker", [sys.executable, *worker], env, f"http://127.0.0.1:{worker_http}/health",
+                          startup_timeout_s=60, log_path=tmp_path / "worker.log"),
+        Client(address) as client,
+    ):  # fmt: skip
+        client.wait_for_workers(1, timeout=60)
+        (foreign,) = client.scheduler_info()["workers"]
+        settings = LevelSettings(
+            model="ticks:2:1", prompts=["p"], max_tokens=2, max_concurrency=1, num_requests=1
+        )
+        started = time.monotonic()
+        with pytest.raises(RuntimeError) as caught:
+            run_level_dask(
+                client, Connection("http://127.0.0.1:9/v1", None, 5.0), settings, count_tokens=None
+            )
+        assert time.monotonic() - started < 10
+    assert str(caught.value) == (
+        f"Dask workers cannot import infermeter: {[foreign]}; start them from infermeter's environment "
+        '(README "Load from several hosts")'
+    )
 
 
 def _index(request_id: str) -> int:

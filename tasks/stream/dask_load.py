@@ -198,15 +198,17 @@ def run_level_dask(
 
     Raises:
         ValueError: no worker.
-        RuntimeError: a worker's level raised (its message), every worker was lost before the
-            start, or a worker did not connect within ``START_TIMEOUT_S`` (records received
-            before are kept: they went to ``on_record``).
+        RuntimeError: a worker cannot import infermeter (before anything is sent), a worker's
+            level raised (its message), every worker was lost before the start, or a worker did
+            not connect within ``START_TIMEOUT_S`` (records received before are kept: they went
+            to ``on_record``).
     """
     addresses = sorted(workers or client.scheduler_info()["workers"])[: settings.max_concurrency]
     if not addresses:
         raise ValueError(
             "the Dask cluster has no worker to run the level: start one (`dask worker SCHEDULER_ADDRESS`)"
         )
+    _check_imports(client, addresses)
     n = len(addresses)
     history = HistoryTokens(settings)
     result = LevelResult(settings.level, settings.max_concurrency, settings.request_rate)
@@ -250,8 +252,8 @@ def run_level_dask(
                 late = [w.address for w in ws if w.state == "waiting"]
                 if late and time.monotonic() > deadline:
                     raise RuntimeError(
-                        f"Dask workers did not connect in {START_TIMEOUT_S:g} s: {late} (can they import "
-                        "infermeter, from the same environment? their own logs say why)"
+                        f"Dask workers did not connect in {START_TIMEOUT_S:g} s: {late} (can they reach "
+                        f"{host}:{hub.port}? their own logs say why)"
                     ) from None
             else:
                 w = ws[k]
@@ -292,6 +294,27 @@ def run_level_dask(
             client.cancel(futures)
     _finish(result, ws, settings)
     return result
+
+
+def _check_imports(client: Any, addresses: list[str]) -> None:
+    """Raise RuntimeError naming the workers among ``addresses`` that cannot import the level's
+    task (:mod:`tasks.stream.dask_wire`): a worker started outside infermeter's environment
+    otherwise fails only in its own log, and the level waited ``START_TIMEOUT_S`` for it. The
+    look is ``importlib.util.find_spec`` on each worker (standard library: it runs where
+    infermeter is missing), one round trip."""
+    import importlib.util
+
+    found = client.run(
+        importlib.util.find_spec, "tasks.stream.dask_wire", workers=addresses, on_error="return"
+    )
+    missing = sorted(
+        address for address, spec in found.items() if spec is None or isinstance(spec, Exception)
+    )
+    if missing:
+        raise RuntimeError(
+            f"Dask workers cannot import infermeter: {missing}; start them from infermeter's "
+            'environment (README "Load from several hosts")'
+        )
 
 
 def _wait(futures: list[Any], timeout: float) -> None:

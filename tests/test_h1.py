@@ -14,6 +14,7 @@ from collections.abc import Awaitable, Callable
 import pytest
 
 from tasks.stream import h1, rxclock
+from tasks.stream.pool import Pool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -30,7 +31,7 @@ async def _read_request(reader: asyncio.StreamReader) -> bytes:
     return head + await reader.readexactly(length)
 
 
-async def _serve(script: Script, body: Callable[[h1.Pool], Awaitable[object]]) -> tuple[object, int]:
+async def _serve(script: Script, body: Callable[[Pool], Awaitable[object]]) -> tuple[object, int]:
     """Run ``body`` against a server that runs ``script`` per connection; the result and how
     many connections the server saw."""
     connections = 0
@@ -47,7 +48,7 @@ async def _serve(script: Script, body: Callable[[h1.Pool], Awaitable[object]]) -
 
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = h1.Pool(f"http://127.0.0.1:{port}/v1", kernel_clock=True)
+    pool = Pool(f"http://127.0.0.1:{port}/v1", kernel_clock=True)
     try:
         async with server:
             return await body(pool), connections
@@ -55,7 +56,7 @@ async def _serve(script: Script, body: Callable[[h1.Pool], Awaitable[object]]) -
         await pool.close()
 
 
-async def _post_and_read(pool: h1.Pool, timeout_s: float = 5.0) -> tuple[int, bytes, h1.Response]:
+async def _post_and_read(pool: Pool, timeout_s: float = 5.0) -> tuple[int, bytes, h1.Response]:
     """One POST read whole: its status, body and response (``kept``: whether the connection
     went back to the pool; ``pieces``: what the sink was handed, ``(piece, read_ns, rx_ns)``)."""
     state: dict = {}
@@ -69,7 +70,7 @@ async def _post_and_read(pool: h1.Pool, timeout_s: float = 5.0) -> tuple[int, by
     return response.status, b"".join(piece for piece, _, _ in pieces), response
 
 
-def pool_url(pool: h1.Pool) -> str:
+def pool_url(pool: Pool) -> str:
     return f"http://{pool._authority}:{pool._port}/v1/chat/completions"
 
 
@@ -140,7 +141,7 @@ def test_a_connection_is_kept_only_when_the_body_ended_and_the_server_keeps_it(c
             if close:
                 return
 
-    async def twice(pool: h1.Pool) -> list[bytes]:
+    async def twice(pool: Pool) -> list[bytes]:
         return [(await _post_and_read(pool))[1] for _ in range(2)]
 
     bodies, seen = asyncio.run(_serve(script, twice))
@@ -154,7 +155,7 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
         writer.write(CHUNKED_HEAD + b"%x\r\n%b\r\n" % (len(EVENTS[0]), EVENTS[0]))
         await writer.drain()  # then the handler closes: no last chunk
 
-    async def read_until_error(pool: h1.Pool) -> tuple[list[bytes], BaseException | None]:
+    async def read_until_error(pool: Pool) -> tuple[list[bytes], BaseException | None]:
         state: dict = {}
         response = await pool.post(pool_url(pool), {}, b"{}", state)
         got: list[bytes] = []
@@ -176,7 +177,7 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
         await writer.drain()
         await asyncio.sleep(3)
 
-    async def timed(pool: h1.Pool) -> tuple[float, BaseException | None]:
+    async def timed(pool: Pool) -> tuple[float, BaseException | None]:
         start = time.perf_counter()
         state: dict = {}
         response = await pool.post(pool_url(pool), {}, b"{}", state)
@@ -203,7 +204,7 @@ def test_a_readers_exception_ends_the_response_with_it_and_closes_the_connection
             writer.write(CHUNKED_HEAD + CHUNKED_BODY)
             await writer.drain()
 
-    async def refuse_second(pool: h1.Pool) -> tuple[list[bytes], BaseException | None, bytes]:
+    async def refuse_second(pool: Pool) -> tuple[list[bytes], BaseException | None, bytes]:
         response = await pool.post(pool_url(pool), {}, b"{}", {})
         got: list[bytes] = []
 
@@ -233,7 +234,7 @@ def test_a_head_that_is_not_http_names_the_part() -> None:
         await writer.drain()
         await reader.read()
 
-    async def post(pool: h1.Pool) -> BaseException | None:
+    async def post(pool: Pool) -> BaseException | None:
         try:
             await pool.post(pool_url(pool), {}, b"{}", {})
         except h1.ProtocolError as exc:
@@ -306,7 +307,7 @@ def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole() -> None:
             writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
             await writer.drain()
 
-    async def big_then_small(pool: h1.Pool) -> list[bytes]:
+    async def big_then_small(pool: Pool) -> list[bytes]:
         bodies = []
         for body in (b"x" * (16 << 20), b"{}"):
             response = await pool.post(pool_url(pool), {}, body, {})
@@ -330,7 +331,7 @@ def test_closing_the_pool_ends_a_response_in_flight_and_closes_its_socket() -> N
         await writer.drain()
         await asyncio.sleep(3)
 
-    async def close_mid_body(pool: h1.Pool) -> tuple[list[bytes], BaseException | None, int]:
+    async def close_mid_body(pool: Pool) -> tuple[list[bytes], BaseException | None, int]:
         response = await pool.post(pool_url(pool), {}, b"{}", {})
         got: list[bytes] = []
         reading = asyncio.ensure_future(response.consume(lambda piece, *_: got.append(piece), 5.0))
@@ -351,4 +352,4 @@ def test_closing_the_pool_ends_a_response_in_flight_and_closes_its_socket() -> N
 
 def test_only_http_urls_are_taken() -> None:
     with pytest.raises(ValueError, match="base_url must be an http:// or https:// URL"):
-        h1.Pool("ftp://example.com/v1", kernel_clock=False)
+        Pool("ftp://example.com/v1", kernel_clock=False)

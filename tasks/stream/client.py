@@ -44,9 +44,10 @@ from typing import Any
 
 import openai
 
-from tasks.stream import h1, rxclock
+from tasks.stream import rxclock
 from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
 from tasks.stream.level_result import fill_output_tokens
+from tasks.stream.pool import Pool
 from tasks.stream.records import RequestRecord
 from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
 from tasks.stream.timing import chunk_timing
@@ -172,7 +173,7 @@ class SSEClient:
         }
         self.request_timeout_s = request_timeout_s
         self.kernel_clock = kernel_clock and rxclock.SUPPORTED
-        self.pool = h1.Pool(self.base_url, self.kernel_clock)
+        self.pool = Pool(self.base_url, self.kernel_clock)
 
     async def close(self) -> None:
         """Close the kept connections."""

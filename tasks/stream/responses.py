@@ -33,8 +33,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks.stream import h1
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
+from tasks.stream.pool import Pool
 from tasks.stream.sse import loads
 from tasks.stream.transports import _event_error, _shape_error, arrived, read_sse
 from tasks.stream.usage import as_mapping
@@ -142,7 +142,7 @@ def _cut(state: dict[str, Any]) -> StreamError:
 
 
 async def receive_responses(
-    pool: h1.Pool,
+    pool: Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],

@@ -35,6 +35,7 @@ import openai
 
 from tasks.stream import h1
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
+from tasks.stream.pool import Pool
 from tasks.stream.sse import SSEFramer, loads
 
 
@@ -159,7 +160,7 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
 
 
 async def read_sse(
-    pool: h1.Pool,
+    pool: Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],
@@ -201,7 +202,7 @@ async def read_sse(
 
 
 async def receive_sse(
-    pool: h1.Pool,
+    pool: Pool,
     url: str,
     headers: dict[str, str],
     kwargs: dict[str, Any],

@@ -242,7 +242,7 @@ async def _measure(
 ) -> LevelResult | None:
     """The worker's level (warm-up, ``ready``, ``start``, its share); None when the
     orchestrator closed the link first (``_Wire``: nothing more was sent)."""
-    from tasks.stream.load import connect, run_level  # the transport: in the worker only
+    from tasks.stream.load import connect, open_connections, run_level  # the transport: in the worker only
 
     client = connect(connection, settings.max_concurrency)
     try:
@@ -257,6 +257,7 @@ async def _measure(
             try:
                 if warmup is not None:
                     await run_level(client, warmup, count_tokens=None, on_record=ship)
+                await open_connections(client, settings, (k, workers))
                 wire.send({"kind": "ready"})
                 start = await wire.recv()
                 if start is None:

@@ -172,7 +172,7 @@ def _child(
     command's: :func:`start_fork_server`.)"""
     # the transport (openai, tasks.stream.h1) is imported here, in the client process (the fork
     # server has it preloaded: client_context), never in the command's own process
-    from tasks.stream.load import connect, run_level
+    from tasks.stream.load import connect, open_connections, run_level
 
     if os.getcwd() != cwd:
         os.chdir(cwd)
@@ -189,6 +189,7 @@ def _child(
         try:
             if warmup is not None:
                 await run_level(client, warmup, count_tokens=None, on_record=send)
+            await open_connections(client, settings, (k, processes))
             mark("client_process_ready")
             out.put(("ready", k))
             go.wait()  # nothing is in flight: blocking this loop costs no measurement

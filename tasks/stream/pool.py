@@ -114,6 +114,25 @@ class Pool:
         response.note_sent()
         return response
 
+    async def open_idle(self, count: int, timeout_s: float, at_once: int = 64) -> int:
+        """Open new connections until ``count`` are idle in the pool (``at_once`` handshakes at
+        a time, each bounded by ``timeout_s``) and return how many were opened. One that fails
+        is left out, not retried: the requests that would have used it meet the same failure
+        and record it."""
+        gate = asyncio.Semaphore(at_once)
+
+        async def one() -> Response | None:
+            async with gate:
+                try:
+                    async with asyncio.timeout(timeout_s):
+                        return await self._open({})
+                except OSError:  # TimeoutError included
+                    return None
+
+        opened = [r for r in await asyncio.gather(*(one() for _ in range(count - len(self._idle)))) if r]
+        self._idle.extend(opened)
+        return len(opened)
+
     def release(self, response: Response) -> None:
         """Keep the connection for the next request if its response ended as framed, else
         close it."""

@@ -66,7 +66,7 @@ async def _post_and_read(pool: Pool, timeout_s: float = 5.0) -> tuple[int, bytes
         await response.consume(lambda *piece: pieces.append(piece), timeout_s)
     finally:
         pool.release(response)
-    response.kept, response.pieces = response in pool._idle, pieces
+    response.kept, response.pieces = any(kept is response for kept, _ in pool._idle), pieces
     return response.status, b"".join(piece for piece, _, _ in pieces), response
 
 
@@ -147,6 +147,40 @@ def test_a_connection_is_kept_only_when_the_body_ended_and_the_server_keeps_it(c
     bodies, seen = asyncio.run(_serve(script, twice))
     assert bodies == [b"".join(EVENTS)] * 2
     assert seen == connections
+
+
+def test_a_connection_idle_past_its_expiry_is_closed_and_a_new_one_opened() -> None:
+    """Servers close idle connections after 5 s: a request sent as that close crosses it would
+    fail without a response, so an older idle connection is not used again."""
+
+    async def script(reader, writer) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(CHUNKED_HEAD + CHUNKED_BODY)
+            await writer.drain()
+
+    async def aged(pool: Pool) -> tuple[int, bool, bool, bool]:
+        pool._expiry_s = 0.2
+        opened = await pool.open_idle(1, 5.0)
+        (first, _), state = pool._idle[0], {}
+        await asyncio.sleep(0.3)
+        response = await pool.post(pool_url(pool), {}, b"{}", state)
+        await response.consume(lambda *_: None, 5.0)
+        pool.release(response)
+        return opened, response is first, state.get("connect_ns") is not None, first.open
+
+    (opened, reused, connected, old_open), seen = asyncio.run(_serve(script, aged))
+    assert (opened, reused, connected, old_open, seen) == (1, False, True, False, 2)
+
+    async def fresh(pool: Pool) -> bool:  # within its expiry the opened one is used
+        await pool.open_idle(1, 5.0)
+        state: dict = {}
+        response = await pool.post(pool_url(pool), {}, b"{}", state)
+        await response.consume(lambda *_: None, 5.0)
+        pool.release(response)
+        return state.get("connect_ns") is None
+
+    assert asyncio.run(_serve(script, fresh)) == (True, 1)
 
 
 def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended() -> None:

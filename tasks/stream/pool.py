@@ -23,7 +23,11 @@ __all__ = ["Pool"]
 class Pool:
     """Keep-alive connections to the origin of ``base_url`` (``http`` or ``https``; TLS with
     the default context, which honours ``SSL_CERT_FILE``). A connection goes back to the pool
-    only after its response ended as framed and the server did not ask to close it.
+    only after its response ended as framed and the server did not ask to close it, and is not
+    used again after ``keepalive_expiry_s`` idle: servers close an idle connection after 5 s
+    (uvicorn's ``timeout_keep_alive``, under vLLM and llama-cpp-python; cpp-httplib's keep-alive
+    timeout, under llama.cpp's server), and a request sent as the server's close crosses it
+    fails without a response (httpx's pool expires them at 5 s for the same reason).
 
     ``kernel_clock``: the sockets stamp their reads in the kernel (``rxclock``; Linux).
 
@@ -32,7 +36,7 @@ class Pool:
     client cannot read; ValueError (constructor) for a URL that is not http(s).
     """
 
-    def __init__(self, base_url: str, kernel_clock: bool) -> None:
+    def __init__(self, base_url: str, kernel_clock: bool, keepalive_expiry_s: float = 4.0) -> None:
         url = urlsplit(base_url)
         if url.scheme not in ("http", "https") or not url.hostname:
             raise ValueError(f"base_url must be an http:// or https:// URL, got {base_url!r}")
@@ -43,7 +47,8 @@ class Pool:
         self._tls = ssl.create_default_context() if url.scheme == "https" else None
         self._kernel_clock = kernel_clock
         self._addresses: list[tuple[Any, ...]] | None = None
-        self._idle: list[Response] = []
+        self._idle: list[tuple[Response, float]] = []  # with the time.monotonic() it went idle
+        self._expiry_s = keepalive_expiry_s
         self._reactor: reactor.Reactor | None = None  # plain connections' reads (tasks.stream.reactor)
         self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 
@@ -99,11 +104,14 @@ class Pool:
         the response once its head came. Hand it back with :meth:`release`."""
         request = self._request_bytes(url, headers, body)
         response = None
+        now = time.monotonic()
         while self._idle:
-            candidate = self._idle.pop()
-            if candidate.open:
+            candidate, since = self._idle.pop()
+            if candidate.open and now - since < self._expiry_s:
                 response = candidate
                 break
+            if candidate.transport is not None:
+                candidate.transport.close()
         if response is None:
             response = await self._open(state)
         try:
@@ -130,21 +138,22 @@ class Pool:
                     return None
 
         opened = [r for r in await asyncio.gather(*(one() for _ in range(count - len(self._idle)))) if r]
-        self._idle.extend(opened)
+        now = time.monotonic()
+        self._idle.extend((response, now) for response in opened)
         return len(opened)
 
     def release(self, response: Response) -> None:
         """Keep the connection for the next request if its response ended as framed, else
         close it."""
         if response.settle():
-            self._idle.append(response)
+            self._idle.append((response, time.monotonic()))
         elif response.transport is not None:
             response.transport.close()
 
     async def close(self) -> None:
         """Close every connection."""
         idle, self._idle = self._idle, []
-        for response in idle:
+        for response, _ in idle:
             if response.transport is not None:
                 response.transport.close()
         await asyncio.sleep(0)  # let the transports' close callbacks run

@@ -7,7 +7,9 @@ DESIGN.md: a list-valued option takes one comma-separated value (`--max-concurre
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import math
 import os
 import tempfile
@@ -225,6 +227,30 @@ def preflight(track: bool, prefect: bool = True) -> None:
             fail_input(f"MLFLOW_TRACKING_URI: {exc.message}")
 
 
+#: What Prefect's run loggers say when a signal ends a run ("Crash detected! Execution was
+#: aborted by an interrupt signal.", "Finished in state Crashed(...)"), at ERROR: the command
+#: says it in its own line (:func:`run_flow`), and the run's state still says Crashed.
+_SIGNAL_ENDED = ("aborted by an interrupt signal", "aborted by a termination signal")
+
+
+class _NoSignalCrashLines(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(said in message for said in _SIGNAL_ENDED)
+
+
+@contextlib.contextmanager
+def _signal_crash_lines_dropped() -> Any:
+    quiet, loggers = _NoSignalCrashLines(), [logging.getLogger(f"prefect.{k}_runs") for k in ("flow", "task")]
+    for logger in loggers:
+        logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        for logger in loggers:
+            logger.removeFilter(quiet)
+
+
 def run_flow(
     name: str,
     flow: Any,
@@ -255,7 +281,7 @@ def run_flow(
     preflight(track=kwargs.get("track", True))
     try:
         mark("prefect_api")
-        with prefect_api():
+        with prefect_api(), _signal_crash_lines_dropped():
             mark("flow_call")
             state = flow(*args, return_state=True, **kwargs)
             mark("flow_returned")

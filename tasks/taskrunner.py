@@ -6,6 +6,7 @@ one worker per core), ``dask:N`` (N workers) or ``dask:ADDRESS`` (the scheduler 
 
 from __future__ import annotations
 
+import os
 import socket
 from dataclasses import dataclass
 from typing import Annotated, Any
@@ -99,7 +100,8 @@ def check_task_runner(text: str | None) -> DaskChoice | None:
     except OSError as exc:
         raise ValueError(
             f"no Dask scheduler answers at {choice.address} ({exc.strerror or exc}); start one "
-            "(`dask scheduler`) or use --task-runner dask for a local cluster"
+            f"(`dask scheduler{' --protocol tls' if parsed.scheme == 'tls' else ''}`) or use "
+            "--task-runner dask for a local cluster"
         ) from None
     return choice
 
@@ -134,21 +136,39 @@ DASK_TLS_ENV = (
 
 def check_dask_tls(address: str) -> None:
     """A ``tls://`` scheduler needs the client's TLS context from Dask's configuration: the CA
-    that signed the scheduler's certificate and this client's certificate and key. Without it
-    ``distributed.Client`` fails mid-run with a TypeError about an ``ssl_context``; here it is
-    named before any measurement.
+    that signed the scheduler's certificate and this client's certificate (its key beside it,
+    or in the certificate's file). Without them ``distributed.Client`` fails mid-run with a
+    TypeError about an ``ssl_context``; here the missing or unreadable setting is named before
+    any measurement.
 
     Raises:
-        ValueError: Dask's configuration builds no client TLS context (the message names
-            :data:`DASK_TLS_ENV`), or its files cannot be read."""
+        ValueError: the CA or the certificate is not set (the message names the variables of
+            :data:`DASK_TLS_ENV` that are missing), a file named is not there (the variable and
+            the path), or the files are not a CA, certificate and key that go together."""
+    import ssl
+
     from distributed import Security
 
-    try:
-        context = Security().get_connection_args("client")["ssl_context"]
-    except (OSError, ValueError) as exc:  # a file named but missing, or not PEM
-        raise ValueError(f"Dask's TLS settings for {address} cannot be read: {exc}") from None
-    if context is None:
+    security = Security()
+    settings = zip(DASK_TLS_ENV, (security.tls_ca_file, security.tls_client_cert, security.tls_client_key))
+    named = {env: value for env, value in settings if value}
+    missing = [env for env in DASK_TLS_ENV[:2] if env not in named]
+    if missing:
         raise ValueError(
-            f"{address} is a TLS scheduler but Dask has no TLS settings: set {', '.join(DASK_TLS_ENV)} "
-            "(the scheduler's CA and this client's certificate and key, PEM files) or use tcp://"
+            f"{address} is a TLS scheduler but Dask's TLS settings lack {' and '.join(missing)}: set "
+            f"{', '.join(DASK_TLS_ENV)} (PEM files: the scheduler's CA, this client's certificate "
+            "and its key; the key may be in the certificate's file) or use tcp://"
         )
+    for env, value in named.items():
+        if "\n" not in value and not os.path.isfile(value):  # a value with lines is the PEM itself
+            raise ValueError(f"{env} names {value}, which is not a file (Dask's TLS settings for {address})")
+    try:
+        security.get_connection_args("client")
+    except (OSError, ValueError, ssl.SSLError) as exc:
+        keyless = (
+            f" (no {DASK_TLS_ENV[2]}: the certificate's file must hold the key)" if len(named) < 3 else ""
+        )
+        raise ValueError(
+            f"Dask's TLS settings for {address} cannot be used ({exc}): {', '.join(named)} must name "
+            f"PEM files: the scheduler's CA, this client's certificate and the key that goes with it{keyless}"
+        ) from None

@@ -183,6 +183,29 @@ def test_a_connection_idle_past_its_expiry_is_closed_and_a_new_one_opened() -> N
     assert asyncio.run(_serve(script, fresh)) == (True, 1)
 
 
+def test_connections_opened_ahead_are_bounded_together_not_each() -> None:
+    """A server that accepts TCP and never answers a TLS handshake: 130 connections, 64 at a
+    time, bounded by 0.5 s all together (each bounded alone: 3 batches, 1.5 s), none kept."""
+
+    async def stalled() -> tuple[int, float, int]:
+        held: list[asyncio.StreamWriter] = []
+        server = await asyncio.start_server(lambda _r, w: held.append(w), "127.0.0.1", 0)
+        pool = Pool(f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", kernel_clock=True)
+        started = time.monotonic()
+        try:
+            opened = await pool.open_idle(130, 0.5)
+            return opened, time.monotonic() - started, len(pool._idle)
+        finally:
+            await pool.close()
+            for writer in held:
+                writer.close()
+            server.close()
+
+    opened, took_s, idle = asyncio.run(stalled())
+    assert (opened, idle) == (0, 0)
+    assert 0.5 <= took_s < 1.2
+
+
 def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended() -> None:
     async def cut(reader, writer) -> None:
         await _read_request(reader)

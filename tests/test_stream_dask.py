@@ -98,25 +98,41 @@ def test_the_task_runner_parser_reads_each_form_and_names_them_for_anything_else
 
 def test_a_tls_scheduler_without_dasks_tls_settings_is_named_before_any_connection(tmp_path) -> None:
     """It was a TypeError about an ``ssl_context`` from deep inside ``distributed.Client``, once
-    the flow had begun."""
+    the flow had begun. Each case names the setting at fault."""
     import dask
 
     from tasks.taskrunner import DASK_TLS_ENV, check_task_runner
 
-    with pytest.raises(ValueError) as caught:
-        check_task_runner("dask:tls://127.0.0.1:1")  # nothing listens: the settings are named first
-    assert str(caught.value).startswith(
-        "tls://127.0.0.1:1 is a TLS scheduler but Dask has no TLS settings: set "
-    )
-    assert all(name in str(caught.value) for name in DASK_TLS_ENV)
+    ca_env, cert_env, key_env = DASK_TLS_ENV
     cert, key = gt.self_signed_cert(tmp_path)
-    tls = {"distributed.comm.tls.ca-file": cert, "distributed.comm.tls.client.cert": cert}
-    with dask.config.set({**tls, "distributed.comm.tls.client.key": key}):
-        with pytest.raises(ValueError, match=r"^no Dask scheduler answers at tls://127.0.0.1:1 "):
-            check_task_runner("dask:tls://127.0.0.1:1")  # settings read: on to the connection
-    with dask.config.set({**tls, "distributed.comm.tls.client.key": str(tmp_path / "gone.pem")}):
-        with pytest.raises(ValueError, match=r"^Dask's TLS settings for tls://127.0.0.1:1 cannot be read: "):
-            check_task_runner("dask:tls://127.0.0.1:1")
+    address = "tls://127.0.0.1:1"  # nothing listens: the settings are named first
+
+    def said(**settings: str) -> str:
+        with dask.config.set(
+            {f"distributed.comm.tls.{k.replace('client_', 'client.')}": v for k, v in settings.items()}
+        ):
+            with pytest.raises(ValueError) as caught:
+                check_task_runner(f"dask:{address}")
+        return str(caught.value)
+
+    assert said().startswith(
+        f"{address} is a TLS scheduler but Dask's TLS settings lack {ca_env} and {cert_env}: set "
+    )
+    assert said(ca_file=cert).startswith(
+        f"{address} is a TLS scheduler but Dask's TLS settings lack {cert_env}: "
+    )
+    gone = str(tmp_path / "gone.pem")
+    assert said(ca_file=cert, client_cert=cert, client_key=gone) == (
+        f"{key_env} names {gone}, which is not a file (Dask's TLS settings for {address})"
+    )
+    keyless = said(ca_file=cert, client_cert=cert)  # a certificate file without its key
+    assert keyless.startswith(f"Dask's TLS settings for {address} cannot be used (")
+    assert keyless.endswith(f"(no {key_env}: the certificate's file must hold the key)")
+    assert said(
+        ca_file=cert, client_cert=cert, client_key=key
+    ).startswith(  # settings read: on to the connection
+        f"no Dask scheduler answers at {address} (Connection refused); start one (`dask scheduler --protocol tls`)"
+    )
 
 
 def test_the_local_clusters_workers_keep_their_loop_quiet() -> None:

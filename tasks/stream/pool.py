@@ -8,6 +8,7 @@ Standard library only.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import ssl
 import time
@@ -123,21 +124,21 @@ class Pool:
         return response
 
     async def open_idle(self, count: int, timeout_s: float, at_once: int = 64) -> int:
-        """Open new connections until ``count`` are idle in the pool (``at_once`` handshakes at
-        a time, each bounded by ``timeout_s``) and return how many were opened. One that fails
-        is left out, not retried: the requests that would have used it meet the same failure
-        and record it."""
-        gate = asyncio.Semaphore(at_once)
+        """Open new connections until ``count`` are idle in the pool, ``at_once`` handshakes at
+        a time, all within ``timeout_s`` together (not each: a server that accepts TCP and
+        stalls its TLS handshakes would hold a level one bound per batch), and return how many
+        were opened. One that fails or is not open in time is left out, not retried: the
+        requests that would have used it meet the same failure and record it."""
+        gate, opened = asyncio.Semaphore(at_once), []
 
-        async def one() -> Response | None:
+        async def one() -> None:
             async with gate:
-                try:
-                    async with asyncio.timeout(timeout_s):
-                        return await self._open({})
-                except OSError:  # TimeoutError included
-                    return None
+                with contextlib.suppress(OSError):
+                    opened.append(await self._open({}))
 
-        opened = [r for r in await asyncio.gather(*(one() for _ in range(count - len(self._idle)))) if r]
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout_s):  # the rest cancelled: their sockets closed
+                await asyncio.gather(*(one() for _ in range(count - len(self._idle))))
         now = time.monotonic()
         self._idle.extend((response, now) for response in opened)
         return len(opened)

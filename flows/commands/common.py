@@ -291,9 +291,9 @@ def run_flow(
             note_signal(code - 128)
         workdir = latest_workdir()
         where = f"in {workdir}" if workdir else "(no records folder was made yet)"
+        runs = "the MLflow runs are marked KILLED; " if kwargs.get("track", True) else ""
         console.print(
-            f"[yellow]Interrupted[/]: the MLflow runs are marked KILLED; the requests and points "
-            f"that finished are kept {where}",
+            f"[yellow]Interrupted[/]: {runs}the requests and points that finished are kept {where}",
             highlight=False,
         )
         raise typer.Exit(code) from None

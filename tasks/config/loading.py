@@ -50,7 +50,7 @@ def describe_validation_error(
     if first["type"] == "extra_forbidden":
         close = difflib.get_close_matches(str(loc[-1]), _fields_at(model, loc[:-1]), n=1, cutoff=0.6)
         hint = f"did you mean {close[0]!r}?" if close else "check the spelling"
-        message = f"unknown key ({hint} see configs/default.yaml for the fields)"
+        message = f"unknown key ({hint}; configs/default.yaml has every field)"
     more = len(error.errors()) - 1
     suffix = f" (+{more} more)" if more else ""
     for end in range(len(loc), 0, -1):  # an item of a list (stream.max_concurrency.0) too

@@ -278,7 +278,8 @@ def run_flow(
     mark("preflight")
     # before anything runs: a dead tracking server or Prefect API would cost minutes of retries
     # (the --json path is checked when the option is parsed: JsonOption)
-    preflight(track=kwargs.get("track", True))
+    track = kwargs.get("track", True)
+    preflight(track=track)
     try:
         mark("prefect_api")
         with prefect_api(), _signal_crash_lines_dropped():
@@ -291,7 +292,7 @@ def run_flow(
             note_signal(code - 128)
         workdir = latest_workdir()
         where = f"in {workdir}" if workdir else "(no records folder was made yet)"
-        runs = "the MLflow runs are marked KILLED; " if kwargs.get("track", True) else ""
+        runs = "the MLflow runs are marked KILLED; " if track else ""
         console.print(
             f"[yellow]Interrupted[/]: {runs}the requests and points that finished are kept {where}",
             highlight=False,

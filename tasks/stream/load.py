@@ -330,10 +330,11 @@ async def open_connections(
     requests), kept idle in the client's pool. A measured request then never waits for a TCP
     (or TLS) handshake, nor a closed loop's first wave behind hundreds of them: at 512 streams
     on this 2-core machine those requests left 86-92 ms after their instant (README "A level's
-    connections are opened before its start"). A server that closes an idle connection meanwhile costs that request a new one (its
-    ``connect_ms``). They are opened within the request timeout and at most
-    :data:`OPEN_CONNECTIONS_S`, all together. Returns how many were opened: 0 with the
-    ``openai`` transport (httpx's pool opens on demand)."""
+    connections are opened before its start"). A connection the server closes meanwhile, or
+    one idle past the pool's expiry, costs its request a new one (its ``connect_ms``). They are
+    opened within the request timeout and at most :data:`OPEN_CONNECTIONS_S`, all together.
+    Returns how many were opened: 0 with the ``openai`` transport (httpx's pool opens on
+    demand)."""
     if not isinstance(client, SSEClient):
         return 0
     streams = min(settings.max_concurrency, len(range(share[0], settings.num_requests, share[1])))

@@ -251,6 +251,53 @@ def test_a_cut_body_raises_after_the_bytes_before_the_cut_and_a_stall_is_ended()
     assert 0.4 <= took_s < 0.6 + 0.3, took_s  # 1 to 1.5 bounds after the last byte
 
 
+def test_a_read_of_one_whole_chunk_is_handed_on_as_the_framing_would() -> None:
+    """A streaming server's usual read, exactly one whole chunk, takes a shorter path through
+    ``Response.data_received``: what it hands on (pieces, each with its own read's stamps), the
+    connection kept after it, and a reader's exception raised on it are the framing's own. An
+    upper-case size, data holding CRLF, an extension and the last chunk go the general way."""
+    pieces = [b"data: 1\r\n\r\n", b"y" * 300, b"data: [DONE]\n\n"]
+    writes = [b"%X\r\n%b\r\n" % (len(piece), piece) for piece in pieces] + [b"3;e=1\r\nabc\r\n", b"0\r\n\r\n"]
+
+    async def script(reader, writer) -> None:
+        while True:
+            await _read_request(reader)
+            writer.write(CHUNKED_HEAD)
+            for write in writes:  # each its own read
+                await writer.drain()
+                await asyncio.sleep(0.005)
+                writer.write(write)
+            await writer.drain()
+
+    async def read_then_refuse(pool: Pool) -> tuple[object, list[bytes], BaseException | None]:
+        first = await _post_and_read(pool)
+        response, got, error = await pool.post(pool_url(pool), {}, b"{}", {}), [], None
+
+        def sink(piece: bytes, _read_ns: int, _rx_ns: int | None) -> None:
+            if got:
+                raise ValueError("not a chunk this reader takes")
+            got.append(piece)
+
+        try:
+            await response.consume(sink, 5.0)
+        except ValueError as exc:
+            error = exc
+        finally:
+            pool.release(response)
+        return first, got, error
+
+    ((status, body, response), got, error), connections = asyncio.run(_serve(script, read_then_refuse))
+    assert status == 200 and body == b"".join(pieces) + b"abc"
+    assert [piece for piece, _, _ in response.pieces] == [*pieces, b"abc"] and response.kept
+    reads_ns = [read_ns for _, read_ns, _ in response.pieces]
+    assert reads_ns == sorted(reads_ns) and len(set(reads_ns)) == len(reads_ns)
+    if rxclock.SUPPORTED:
+        kernel_ns = [rx_ns for _, _, rx_ns in response.pieces]
+        assert all(kernel_ns) and len(set(kernel_ns)) == len(kernel_ns)
+    # refused on its second one-chunk read: raised after the first piece, the connection closed
+    assert got == [pieces[0]] and str(error) == "not a chunk this reader takes" and connections == 1
+
+
 def test_a_readers_exception_ends_the_response_with_it_and_closes_the_connection() -> None:
     """The sink runs in the read's callback: what it raises is what consume raises, after the
     pieces before it, and the connection (its body not read to the end) is not reused."""

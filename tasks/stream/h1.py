@@ -74,13 +74,33 @@ class Response(asyncio.Protocol):
         self.transport = transport
 
     def data_received(self, data: bytes) -> None:  # noqa: D102
-        if self._rest:
-            data, self._rest = self._rest + data, b""
         sock = self._sock
         if sock is None:
-            self._read_ns = _perf_ns()
+            read_ns, rx_ns = _perf_ns(), None
         else:
-            self._read_ns, self._rx_ns = sock.read_ns, sock.rx_ns
+            read_ns, rx_ns = sock.read_ns, sock.rx_ns
+        self._read_ns, self._rx_ns = read_ns, rx_ns
+        sink = self._sink
+        if self._state == _SIZE and sink is not None and not self._rest:
+            # A streaming server's usual read: one whole chunk (size line, data, CRLF), handed
+            # on in one step (~0.5 us a read less than the general framing below: README
+            # "Cheaper per chunk"); anything else (several chunks, a part, an extension, the
+            # last chunk) is framed below.
+            end = data.find(b"\r\n")
+            if end > 0 and data.endswith(b"\r\n"):
+                try:
+                    size = int(data[:end], 16)
+                except ValueError:
+                    size = 0
+                if size > 0 and end + size + 4 == len(data):
+                    self._total += size
+                    try:
+                        sink(data[end + 2 : -2], read_ns, rx_ns)
+                    except Exception as exc:  # noqa: BLE001 - the reader's, raised by consume
+                        self._fail(exc)
+                    return
+        if self._rest:
+            data, self._rest = self._rest + data, b""
         try:
             self._parse(data)
         except ProtocolError as exc:

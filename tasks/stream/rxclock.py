@@ -34,6 +34,7 @@ Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival
 
 from __future__ import annotations
 
+import operator
 import socket
 import struct
 import sys
@@ -154,7 +155,7 @@ def kernel_arrivals(
     if len(rx_ns) != len(user_ns) or not all(rx_ns):
         return None, NO_STAMP
     kernel = [stamp - offset_ns for stamp in rx_ns]
-    if kernel[0] < send_ns or any(k > u + _SLACK_NS for k, u in zip(kernel, user_ns)):
+    if kernel[0] < send_ns or max(map(operator.sub, kernel, user_ns)) > _SLACK_NS:
         return None, CLOCK_STEPPED
     return kernel, None
 
@@ -171,7 +172,9 @@ def coalesced_events(rx_ns: list[int], kernel_ns: list[int], user_ns: list[int])
     the server wrote together and the client read at once share a stamp rightly and do not
     count. ``kernel_ns`` / ``user_ns``: :func:`kernel_arrivals` and the user-space stamps."""
     return sum(
-        1
-        for i in range(1, len(rx_ns))
-        if rx_ns[i] and rx_ns[i] == rx_ns[i - 1] and user_ns[i] - kernel_ns[i] > LATE_READ_NS
+        [
+            1
+            for before, stamp, kernel, user in zip(rx_ns, rx_ns[1:], kernel_ns[1:], user_ns[1:])
+            if stamp and stamp == before and user - kernel > LATE_READ_NS
+        ]
     )

@@ -55,8 +55,8 @@ class SSEFramer:
             and not self._data
             and block.startswith(b"data: ")
             and block.find(b"\n") == len(block) - 2
-            and block.endswith(b"\n\n")
-            and not block.endswith(b"\r\n\n")
+            and block[-1] == 10  # the event's blank line: "\n\n" ends it ...
+            and block[-3] != 13  # ... and not "\r\n\n" (then the line's end is "\r\n")
         ):
             self._on_event(block[6:-2], read_ns, rx_ns)
             return

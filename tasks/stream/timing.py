@@ -107,8 +107,9 @@ def chunk_timing(send_ns: int, arrivals_ns: Sequence[int], output_tokens: int | 
     """
     if not arrivals_ns:
         return ChunkTiming()
-    offsets = tuple((t - send_ns) / _NS_PER_MS for t in arrivals_ns)
-    gaps = tuple((b - a) / _NS_PER_MS for a, b in zip(arrivals_ns, arrivals_ns[1:], strict=False))
+    # comprehensions, not generator expressions: this runs per chunk at each request's end
+    offsets = tuple([(t - send_ns) / _NS_PER_MS for t in arrivals_ns])
+    gaps = tuple([(b - a) / _NS_PER_MS for a, b in zip(arrivals_ns, arrivals_ns[1:], strict=False)])
     return ChunkTiming(
         token_offsets_ms=offsets,
         ttft_ms=offsets[0],

@@ -71,6 +71,22 @@ def reset_prefix_cache(base_url: str, api_key: str | None = None, timeout_s: flo
         return str(getattr(exc, "reason", exc))
 
 
+def reset_refused(why: str) -> str:
+    """The warning for a prefix-cache reset that did not happen (``why``: what
+    :func:`reset_prefix_cache` returned). A server that answered without the route keeps its cache
+    between levels; one that did not answer at all is said to be unreachable, not to lack the
+    route (a server that died during a run: its level's errors say the rest)."""
+    if why.startswith("HTTP "):
+        return (
+            f"the server offers no prefix-cache reset ({why} at /reset_prefix_cache): its cache is kept "
+            "between levels; random prompts are salted per run, so another run does not reuse them"
+        )
+    return (
+        f"the prefix-cache reset got no answer from the server ({why}): it may be down or unreachable; "
+        "its cache, if it keeps one, was not emptied before this level"
+    )
+
+
 #: (hits, queries) counter names, newest first: vLLM V1, vLLM V0's, then SGLang's (cached prompt
 #: tokens, summed over its ``cache_source`` label by ``tasks.stream.prometheus.parse``, against
 #: every prompt token: sglang ``metrics/collector.py``).

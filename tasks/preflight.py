@@ -26,8 +26,11 @@ request: pre-flight only stops settings that can never work.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import socket
+import time
 import urllib.error
 import urllib.request
 from typing import Any
@@ -209,7 +212,6 @@ HUB_TIMEOUT_S = 3.0
 def _hub_reachable(timeout_s: float) -> bool:
     """Whether the hub's host (``HF_ENDPOINT``, default huggingface.co) accepts a TCP
     connection. Name resolution runs in a thread, since ``getaddrinfo`` has no timeout."""
-    import os
     import threading
 
     url = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
@@ -237,7 +239,6 @@ def check_hf_source(spec: str, setting: str) -> None:
     Raises:
         PreflightError: (``setting``) neither cached nor reachable, with the fix.
     """
-    import os
     from pathlib import Path
 
     kind, _, rest = spec.partition(":")
@@ -286,6 +287,12 @@ def check_tokenizers(
             check_hf_source(name, setting)
 
 
+#: Seconds a pass of :func:`check_settings` holds in this process: the CLI checks, then its flow
+#: (it may come from the Prefect UI); each waited out 20 s against a server that never answers.
+PASSED_HOLDS_S, _passed = 60.0, dict[tuple, float]()  # settings -> time.monotonic() of their pass
+_ENDPOINT_FIELDS = ("base_url", "model", "tokenizer")
+
+
 def check_settings(
     endpoint: Any, local_model: str | None = None, timeout_s: float = 10.0, api: str = "chat"
 ) -> None:
@@ -304,18 +311,19 @@ def check_settings(
         PreflightError: ``setting`` is the field: local_model, tokenizer, base_url, model or
             api_key_env.
     """
-    import os
-
+    key_env = getattr(endpoint, "api_key_env", None) or (os.getenv("OPENAI_API_KEY") and "OPENAI_API_KEY")
+    key = os.environ.get(key_env) if key_env else None
+    digest = hashlib.sha256(key.encode()).hexdigest() if key else None  # never the key itself
+    settings = (local_model, api, key_env, digest, *(getattr(endpoint, k, None) for k in _ENDPOINT_FIELDS))
+    if time.monotonic() - _passed.get(settings, -PASSED_HOLDS_S) < PASSED_HOLDS_S:
+        return  # passed moments ago in this process (PASSED_HOLDS_S)
     if local_model:
         check_hf_source(local_model, "local_model")
-    if endpoint is None:  # a local sweep: no endpoint
-        return
-    if endpoint.tokenizer:
+    if endpoint is not None and endpoint.tokenizer:
         check_hf_source(endpoint.tokenizer, "tokenizer")
-    if endpoint.base_url and endpoint.model:
-        key_env = endpoint.api_key_env or ("OPENAI_API_KEY" if os.environ.get("OPENAI_API_KEY") else None)
-        key = os.environ.get(key_env) if key_env else None
+    if endpoint is not None and endpoint.base_url and endpoint.model:
         check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api)
+    _passed[settings] = time.monotonic()
 
 
 #: The schemes of the tracking stores MLflow itself registers (``mlflow.tracking._tracking_service

@@ -152,3 +152,16 @@ def test_a_tracked_command_prints_the_runs_table_url_and_names_its_run_by_when_f
     # what differs between runs first: "tokenize 12-01 10:41:07 SmolLM2-135M-Instruct"
     assert re.fullmatch(r"tokenize \d\d-\d\d \d\d:\d\d:\d\d SmolLM2-135M-Instruct", run.info.run_name)
     assert run.data.tags["config_name"] == "tokenize"
+
+
+def test_a_failed_stream_says_how_many_requests_finished_before_it_and_where(tmp_path):
+    from flows.commands.stream import failure_message
+
+    error = "RuntimeError: client process 0 died"
+    assert failure_message(error, tmp_path) == f"stream failed: {error}; no request finished before it"
+    (tmp_path / "requests.jsonl").write_text("", encoding="utf-8")  # opened, nothing written
+    assert failure_message(error, tmp_path).endswith("; no request finished before it")
+    (tmp_path / "requests.jsonl").write_text('{"request_id": "a"}\n{"request_id": "b"}\n', encoding="utf-8")
+    assert failure_message(error, tmp_path) == (
+        f"stream failed: {error}; 2 requests finished before it, kept in {tmp_path / 'requests.jsonl'}"
+    )

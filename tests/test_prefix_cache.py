@@ -175,3 +175,18 @@ def test_sglang_and_vllm_pages_are_parsed_for_the_cache() -> None:
     assert cache.expected_cached_token_fraction(requests, block_size_tokens=4) == pytest.approx(12 / 28)
     assert cache.expected_cached_token_fraction(requests) == pytest.approx(18 / 28)
     assert cache.expected_cached_token_fraction(requests, block_size_tokens=8) == 0.0
+
+
+def test_a_reset_refused_by_the_route_and_one_without_an_answer_are_told_apart() -> None:
+    import socket
+
+    from tasks.cache import reset_prefix_cache, reset_refused
+
+    with socket.socket() as free:  # a port nothing listens on: the server is down
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    why = reset_prefix_cache(f"http://127.0.0.1:{port}/v1", timeout_s=2.0)
+    assert why is not None and not why.startswith("HTTP ")
+    assert reset_refused(why).startswith(f"the prefix-cache reset got no answer from the server ({why})")
+    assert "offers no prefix-cache reset" not in reset_refused(why)
+    assert reset_refused("HTTP 404").startswith("the server offers no prefix-cache reset (HTTP 404 at")

@@ -338,3 +338,53 @@ def test_an_hf_tokenizer_that_is_not_there_exits_2_in_seconds(tmp_path) -> None:
     result, took_s = _cli(["audit", "--config", str(config), "--no-track"], tmp_path, _offline_hub(tmp_path))
     assert _one_line_exit_2(result, needle).startswith("error: profile.model: 'hf:doesnotexist'")
     assert took_s < 30
+
+
+def test_settings_checked_moments_ago_are_not_checked_again() -> None:
+    """The CLI checks its settings and then its flow does (it may come from the Prefect UI):
+    against a server that takes connections and never answers, each check waited out its
+    timeouts. Settings passed moments ago in the process are not checked again; other settings
+    (another key) are."""
+    import socket
+    import threading
+    from types import SimpleNamespace
+
+    from tasks.preflight import check_settings
+
+    accepted: list[socket.socket] = []
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    stop = threading.Event()
+
+    def accept() -> None:  # takes every connection, answers none
+        while not stop.is_set():
+            try:
+                accepted.append(listener.accept()[0])
+            except TimeoutError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    endpoint = SimpleNamespace(
+        base_url=f"http://127.0.0.1:{listener.getsockname()[1]}/v1",
+        model="m",
+        api_key_env=None,
+        tokenizer=None,
+    )
+    try:
+        check_settings(endpoint, timeout_s=0.3)  # no answer within the bound: left to the run
+        first = len(accepted)
+        check_settings(endpoint, timeout_s=0.3)
+        assert first >= 2 and len(accepted) == first  # the TCP probe and the /models call, not again
+        os.environ["PREFLIGHT_TEST_KEY"] = "k"
+        check_settings(
+            SimpleNamespace(**{**vars(endpoint), "api_key_env": "PREFLIGHT_TEST_KEY"}), timeout_s=0.3
+        )
+        assert len(accepted) > first  # other settings: checked
+    finally:
+        os.environ.pop("PREFLIGHT_TEST_KEY", None)
+        stop.set()
+        thread.join()
+        for connection in accepted:
+            connection.close()
+        listener.close()

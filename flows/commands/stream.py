@@ -302,12 +302,24 @@ def command(
         if result["error"] == every_request_failed(result["levels"]):  # measured, none succeeded
             typer.echo(result["error"], err=True)
         else:
-            typer.echo(
-                f"stream failed: {result['error']}; the requests finished before it are in "
-                f"{Path(result['workdir']) / 'requests.jsonl'}",
-                err=True,
-            )
+            typer.echo(failure_message(result["error"], result["workdir"]), err=True)
         raise typer.Exit(1)
+
+
+def failure_message(error: str, workdir: str | Path) -> str:
+    """What a stream run whose flow failed says after its table: the failure, and how many
+    requests finished before it with the file that holds them, or that none did (a client
+    process that died at its start leaves an empty file, not one worth opening)."""
+    path = Path(workdir) / "requests.jsonl"
+    try:
+        with path.open("rb") as lines:
+            kept = sum(1 for line in lines if line.strip())
+    except OSError:  # not written at all
+        kept = 0
+    if not kept:
+        return f"stream failed: {error}; no request finished before it"
+    finished = "1 request" if kept == 1 else f"{kept} requests"
+    return f"stream failed: {error}; {finished} finished before it, kept in {path}"
 
 
 def print_levels(levels: list[dict]) -> None:

@@ -225,12 +225,10 @@ def _run_one(
     block = served or settings.cache_block_size_tokens  # the server's, else the user's, else None
     metrics.update(cached.level(results, settings, reset, block))
     if settings.reset_cache and refused and not cached.said_no_reset:
-        cached.said_no_reset = True
-        logger.warning(
-            "the server offers no prefix-cache reset (%s at /reset_prefix_cache): its cache is kept "
-            "between levels; random prompts are salted per run, so another run does not reuse them",
-            refused[0],
-        )
+        cached.said_no_reset = refused[0].startswith(
+            "HTTP "
+        )  # once; a server that did not answer: each level
+        logger.warning("%s", cache.reset_refused(refused[0]))
     _warn_cache(metrics, settings.level, logger)
     mismatch = cache.mismatch_warning(metrics, settings.level)
     if mismatch:

@@ -18,6 +18,7 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "DASK_TLS_ENV",
     "FORMS",
+    "QUIET_DASK_WORKER",
     "TASK_RUNNER_FIELD",
     "DaskChoice",
     "TaskRunner",
@@ -29,6 +30,17 @@ __all__ = [
 
 #: How long the reachability check waits for a TCP connection to a Dask scheduler, seconds.
 CONNECT_TIMEOUT_S = 3.0
+
+#: Dask settings for the workers of a LocalCluster we start, whose task thread measures: the
+#: worker's own event loop otherwise wakes 300-700 times a second (its 20 ms tick, its 500 ms
+#: system monitor, its 10 ms profiler) and takes the GIL from the measurement each time (README
+#: "Load from several hosts"). The memory monitor keeps its 100 ms where a point may load a
+#: model (``tasks.pipeline.fanout``): its pause and terminate must act in time.
+QUIET_DASK_WORKER = {
+    "distributed.admin.tick.interval": "1s",
+    "distributed.admin.system-monitor.interval": "1s",
+    "distributed.worker.profile.enabled": False,
+}
 
 
 @dataclass(frozen=True)

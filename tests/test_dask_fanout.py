@@ -238,3 +238,23 @@ def test_a_point_whose_workers_die_twice_is_failed_with_the_cause_and_the_other_
     run = MlflowClient(tracking_uri=mlflow_store[1]).get_run(lost["mlflow_run_id"])
     assert run.info.status == "FAILED" and run.data.tags["error"].startswith("KilledWorker: ")
     assert result["headline"]["sweep_points_failed"] == 1
+
+
+def test_the_workers_of_a_cluster_we_start_keep_their_loop_quiet_and_their_memory_watched() -> None:
+    """Points measure on a worker's task thread: its own loop is not woken by its tick, system
+    monitor and profiler (tasks.taskrunner.QUIET_DASK_WORKER), while its memory monitor keeps
+    Dask's 100 ms (a point may load a model)."""
+    import dask
+
+    from tasks.pipeline.fanout import dask_runner
+    from tasks.taskrunner import DaskChoice
+
+    names = [
+        "distributed.admin.tick.interval",
+        "distributed.admin.system-monitor.interval",
+        "distributed.worker.profile.enabled",
+        "distributed.worker.memory.monitor-interval",
+    ]
+    with dask_runner(DaskChoice(workers=1)) as runner:
+        seen = list(runner.client.run(lambda: [dask.config.get(name) for name in names]).values())
+    assert seen == [["1s", "1s", False, "100ms"]]

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from tasks.taskrunner import DaskChoice, check_task_runner, parse_task_runner
+from tasks.taskrunner import QUIET_DASK_WORKER, DaskChoice, check_task_runner, parse_task_runner
 
 __all__ = [
     "DaskChoice",
@@ -75,6 +75,7 @@ def dask_runner(choice: DaskChoice) -> Iterator[Any]:
     # read by the LocalCluster's scheduler and nannies when they are made (inside the block);
     # non-daemonic workers may spawn the profile's child processes (points that may not fit)
     settings = {
+        **QUIET_DASK_WORKER,  # a point measures on the worker's task thread
         "distributed.scheduler.allowed-failures": RETRIES_AFTER_WORKER_DEATH,
         "distributed.worker.daemon": False,
     }

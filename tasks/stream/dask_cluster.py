@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from tasks.stream.multiproc import START_TIMEOUT_S
+from tasks.taskrunner import QUIET_DASK_WORKER
 
 __all__ = ["QUIET_WORKER_CONFIG", "dask_client", "dask_setup"]
 
@@ -36,10 +37,9 @@ __all__ = ["QUIET_WORKER_CONFIG", "dask_client", "dask_setup"]
 #: 2026-12-04): each worker's loop thread went from 300-700 wakes a second to about 6, the
 #: level's CPU per chunk from 24-28 us to 21-23 (2 client processes: 21-23).
 QUIET_WORKER_CONFIG = {
-    "distributed.admin.tick.interval": "1s",  # 20 ms: the event loop's health check
-    "distributed.admin.system-monitor.interval": "1s",  # 500 ms: CPU, memory, network figures
-    "distributed.worker.memory.monitor-interval": "1s",  # 100 ms: spill / pause / terminate
-    "distributed.worker.profile.enabled": False,  # a 10 ms sampling thread (the dashboard's)
+    **QUIET_DASK_WORKER,  # its tick, system monitor and profiler
+    # 100 ms: spill / pause / terminate; a worker here holds only a client's records
+    "distributed.worker.memory.monitor-interval": "1s",
 }
 
 

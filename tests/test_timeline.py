@@ -291,3 +291,49 @@ def test_stream_command_logs_each_levels_timeline_on_its_run(server, tmp_path) -
     assert 230 <= runs[0].data.metrics["timeline_gauge_interval_ms_p50"] <= 270
     files = {a.path for a in client.list_artifacts(child, "timeline")}
     assert files == {f"timeline/level0_{name}" for name in ("timeline.png", "windows.csv", "gauges.csv")}
+
+
+def test_the_sampler_keeps_one_connection_and_opens_another_when_the_server_closes() -> None:
+    """Every 250 ms a GET: on one kept connection (no new one on the server each time, no connect
+    in fetch_ms), retried once on a new one when the server closed it while idle; a server that
+    closes after each answer gets a new connection each time."""
+    import http.server
+
+    opened: list[int] = []
+    closing = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version, timeout = "HTTP/1.1", 0.5  # an idle connection closed after 0.5 s
+
+        def setup(self) -> None:
+            opened.append(1)
+            super().setup()
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = f"vllm:num_requests_running {len(opened)}\n".encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            if closing.is_set():
+                self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    sampler = GaugeSampler(f"http://127.0.0.1:{server.server_address[1]}/v1")
+    try:
+        kept = [sampler.sample_once() for _ in range(4)]
+        time.sleep(1.0)  # the server closes the idle connection: the next GET is retried on a new one
+        kept.append(sampler.sample_once())
+        closing.set()
+        closed = [sampler.sample_once() for _ in range(3)]
+    finally:
+        sampler.stop()
+        server.shutdown()
+        server.server_close()
+    assert [s.values["vllm:num_requests_running"] for s in kept] == [1, 1, 1, 1, 2]
+    assert [s.values["vllm:num_requests_running"] for s in closed] == [2, 3, 4]  # closed after each
+    assert len(opened) == 4 and len(sampler.samples) == 8

@@ -14,8 +14,8 @@ Off the timed path: the sampler is a thread of the orchestrating process, and
 :func:`tasks.stream.levels.run_levels` always times the requests in client processes of their
 own (``tasks.stream.multiproc``, one at the least), so its GETs and its parsing never share a GIL
 or an event loop with a timed stream. They do share the machine's cores and the server: one
-small GET every 250 ms (AIPerf's server-metrics collection scrapes every 333 ms during a run and
-reports each gauge's mean and max per time slice; guidellm's users ask for the server side,
+small GET every 250 ms, on one kept connection (AIPerf's server-metrics collection scrapes
+every 333 ms during a run and reports each gauge's mean and max per time slice; guidellm's users ask for the server side,
 guidellm#457). A server without ``/metrics`` (llama.cpp's embedded server) is never sampled: the level's
 first scrape already found none.
 
@@ -29,10 +29,12 @@ Standard library only (and the stream package's Prometheus parser).
 
 from __future__ import annotations
 
+import http.client
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from tasks.stream import prometheus
 
@@ -100,6 +102,7 @@ class GaugeSampler:
         self.samples: list[GaugeSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._page = _KeptGet(prometheus.metrics_url(base_url), api_key, timeout_s)
 
     def start(self) -> None:
         """Start sampling now (the first GET at once); no-op while already sampling."""
@@ -110,19 +113,21 @@ class GaugeSampler:
         self._thread.start()
 
     def stop(self) -> None:
-        """Stop sampling and wait for the thread (at most one GET's timeout); no-op when stopped."""
-        if self._thread is None:
-            return
-        self._stop.set()
-        self._thread.join()
-        self._thread = None
+        """Stop sampling and wait for the thread (at most one GET's timeout); no-op when stopped.
+        The kept connection is closed."""
+        if self._thread is not None:
+            self._stop.set()
+            self._thread.join()
+            self._thread = None
+        self._page.close()
 
     def sample_once(self) -> GaugeSample | None:
         """One GET of ``/metrics``: the sample (also appended to ``samples``), or None when the
         page could not be read or had none of the names."""
         sent = time.perf_counter_ns()
-        page = prometheus.scrape(self.base_url, self.api_key, timeout_s=self.timeout_s)
+        text = self._page.get()
         done = time.perf_counter_ns()
+        page = prometheus.parse(text) if text else None
         values = {name: page[name] for name in self.names if page and name in page}
         if not values:
             return None
@@ -145,3 +150,43 @@ class GaugeSampler:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class _KeptGet:
+    """GETs of one URL on one kept HTTP/1.1 connection (RFC 9112 §9.3): a sample costs the server
+    no new connection every 250 ms and its ``fetch_ms`` no connect. After a failure, or a server
+    that closes, the next GET opens a new one; a kept connection that the server closed while
+    idle is retried once on a new one. ``get`` returns the page's text, or None (not 200, no
+    answer within ``timeout_s``, a connection failure)."""
+
+    def __init__(self, url: str, api_key: str | None, timeout_s: float) -> None:
+        parts = urlsplit(url)
+        self._https, self._host, self._port = parts.scheme == "https", parts.hostname or "", parts.port
+        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+        self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._timeout_s = timeout_s
+        self._connection: http.client.HTTPConnection | None = None
+
+    def get(self) -> str | None:
+        for kept in (self._connection is not None, False):
+            if self._connection is None:
+                kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+                self._connection = kind(self._host, self._port, timeout=self._timeout_s)
+            try:
+                self._connection.request("GET", self._path, headers=self._headers)
+                response = self._connection.getresponse()
+                body = response.read(8_000_000)
+            except (OSError, http.client.HTTPException):
+                self.close()
+                if kept:
+                    continue  # closed by the server while idle: once more, on a new connection
+                return None
+            if response.will_close or response.status != 200 or not response.isclosed():
+                self.close()  # not to be kept: closing, an error, or a page left unread
+            return body.decode("utf-8", "replace") if response.status == 200 else None
+        return None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None

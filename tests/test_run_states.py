@@ -145,6 +145,27 @@ def test_sigterm_mid_stream_marks_the_runs_killed(server, tmp_path) -> None:
     assert parent.info.status == "KILLED"
 
 
+def test_a_signal_while_a_client_process_waits_for_the_start_ends_the_command(server, tmp_path) -> None:
+    """Two client processes: process 1 waits for the level's start while process 0 sends the
+    warm-up (here 15 s long). A SIGTERM then ended process 1 in its wait, and the command hung
+    for ever (the start was a multiprocessing Event, whose set() waits for every waiter to wake).
+    Now it exits 143 and takes its processes with it."""
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("a\nb\n", encoding="utf-8")
+    args = ["stream", "--base-url", server.base_url, "--model", "ticks:1500:10", "--max-tokens", "1500"]
+    args += ["--prompts", str(prompts), "--num-requests", "2", "--max-concurrency", "2"]
+    server.reset()
+    proc, log = _start([*args, "--client-processes", "2", "--no-track"], tmp_path)
+    warm_up = lambda: any(r.get("max_completion_tokens") == 1500 for r in server.stats()["requests"])  # noqa: E731
+    _wait_for(proc, log, warm_up)  # in flight (the pre-flight's request asks for 1 token)
+    time.sleep(1.0)  # process 1 has opened its connection and waits for the start
+    family = _servers(proc)
+    assert sum("forkserver" in " ".join(p.cmdline()) for p in family) >= 3  # the server and both
+    os.kill(proc.pid, signal.SIGTERM)
+    _assert_all_gone(family, proc)
+    assert proc.returncode == 143, log.read_text()[-3000:]
+
+
 def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     """SIGKILL (a test runner's kill, the OOM killer) of a stream against the embedded server:
     its watchers stop the llama.cpp server and the temporary Prefect API server (before: both

@@ -192,7 +192,7 @@ def _child(
             await open_connections(client, settings, (k, processes))
             mark("client_process_ready")
             out.put(("ready", k))
-            go.wait()  # nothing is in flight: blocking this loop costs no measurement
+            go.poll(None)  # the parent's end closed; nothing is in flight: blocking costs no measurement
             return await run_level(
                 client,
                 settings,
@@ -260,7 +260,11 @@ def run_level_processes(
     mark("client_processes_start")
     start_fork_server()  # running already (the flow started it), unless the environment changed
     ctx = client_context()
-    out, go, start_at = ctx.Queue(), ctx.Event(), ctx.Value("d", 0.0)
+    # The start is the parent closing its end of a pipe (every child's end then reads EOF). Not
+    # a multiprocessing Event: its set() waits for each waiter to wake, for ever when a waiter
+    # died while waiting (a Ctrl-C or SIGTERM during process 0's warm-up hung the command).
+    out, start_at = ctx.Queue(), ctx.Value("d", 0.0)
+    go, start = ctx.Pipe(duplex=False)
     children = []
     for k in range(processes):
         mine = replace(share, max_concurrency=_share_of(settings.max_concurrency, processes, k))
@@ -305,7 +309,7 @@ def run_level_processes(
                     if on_measure_start is not None:
                         on_measure_start()
                     start_at.value = time.perf_counter() + 0.02
-                    go.set()
+                    start.close()
             elif kind == "record":
                 record = RequestRecord.from_json(payload)
                 keep(record)
@@ -327,7 +331,8 @@ def run_level_processes(
                 child.terminate()
         raise
     finally:
-        go.set()
+        start.close()  # (a no-op once closed) children still waiting go on, or see they must stop
+        go.close()
         for child in children:
             child.join(timeout=10)
             if child.is_alive():

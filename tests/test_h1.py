@@ -70,6 +70,27 @@ async def _post_and_read(pool: Pool, timeout_s: float = 5.0) -> tuple[int, bytes
     return response.status, b"".join(piece for piece, _, _ in pieces), response
 
 
+async def _refuse_the_second_piece(pool: Pool) -> tuple[list[bytes], BaseException | None]:
+    """One POST whose reader takes the body's first piece and raises on the second: the pieces
+    it took and what ``consume`` raised."""
+    response = await pool.post(pool_url(pool), {}, b"{}", {})
+    got: list[bytes] = []
+
+    def sink(piece: bytes, _read_ns: int, _rx_ns: int | None) -> None:
+        if got:
+            raise ValueError("not a chunk this reader takes")
+        got.append(piece)
+
+    error = None
+    try:
+        await response.consume(sink, 5.0)
+    except ValueError as exc:
+        error = exc
+    finally:
+        pool.release(response)
+    return got, error
+
+
 def pool_url(pool: Pool) -> str:
     return f"http://{pool._authority}:{pool._port}/v1/chat/completions"
 
@@ -271,20 +292,7 @@ def test_a_read_of_one_whole_chunk_is_handed_on_as_the_framing_would() -> None:
 
     async def read_then_refuse(pool: Pool) -> tuple[object, list[bytes], BaseException | None]:
         first = await _post_and_read(pool)
-        response, got, error = await pool.post(pool_url(pool), {}, b"{}", {}), [], None
-
-        def sink(piece: bytes, _read_ns: int, _rx_ns: int | None) -> None:
-            if got:
-                raise ValueError("not a chunk this reader takes")
-            got.append(piece)
-
-        try:
-            await response.consume(sink, 5.0)
-        except ValueError as exc:
-            error = exc
-        finally:
-            pool.release(response)
-        return first, got, error
+        return first, *await _refuse_the_second_piece(pool)
 
     ((status, body, response), got, error), connections = asyncio.run(_serve(script, read_then_refuse))
     assert status == 200 and body == b"".join(pieces) + b"abc"
@@ -309,21 +317,7 @@ def test_a_readers_exception_ends_the_response_with_it_and_closes_the_connection
             await writer.drain()
 
     async def refuse_second(pool: Pool) -> tuple[list[bytes], BaseException | None, bytes]:
-        response = await pool.post(pool_url(pool), {}, b"{}", {})
-        got: list[bytes] = []
-
-        def sink(piece: bytes, _read_ns: int, _rx_ns: int | None) -> None:
-            if got:
-                raise ValueError("not a chunk this reader takes")
-            got.append(piece)
-
-        error = None
-        try:
-            await response.consume(sink, 5.0)
-        except ValueError as exc:
-            error = exc
-        finally:
-            pool.release(response)
+        got, error = await _refuse_the_second_piece(pool)
         return got, error, (await _post_and_read(pool))[1]
 
     (got, error, next_body), connections = asyncio.run(_serve(script, refuse_second))

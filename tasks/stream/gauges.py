@@ -15,8 +15,8 @@ Off the timed path: the sampler is a thread of the orchestrating process, and
 own (``tasks.stream.multiproc``, one at the least), so its GETs and its parsing never share a GIL
 or an event loop with a timed stream. They do share the machine's cores and the server: one
 small GET every 250 ms, on one kept connection (AIPerf's server-metrics collection scrapes
-every 333 ms during a run and reports each gauge's mean and max per time slice; guidellm's users ask for the server side,
-guidellm#457). A server without ``/metrics`` (llama.cpp's embedded server) is never sampled: the level's
+every 333 ms during a run and reports each gauge's mean and max per time slice; guidellm's
+users ask for the server side, guidellm#457). A server without ``/metrics`` (llama.cpp's embedded server) is never sampled: the level's
 first scrape already found none.
 
 What is sampled: the names in :data:`GAUGES` (vLLM, SGLang, TGI, llama.cpp's native server) and

@@ -83,9 +83,9 @@ class Response(asyncio.Protocol):
         sink = self._sink
         if self._state == _SIZE and sink is not None and not self._rest:
             # A streaming server's usual read: one whole chunk (size line, data, CRLF), handed
-            # on in one step (~0.5 us a read less than the general framing below: README
-            # "Cheaper per chunk"); anything else (several chunks, a part, an extension, the
-            # last chunk) is framed below.
+            # on in one step, without the general framing's loop and calls (README "A read of
+            # one whole chunk in one step"); anything else (several chunks, a part, an
+            # extension, the last chunk) is framed below.
             end = data.find(b"\r\n")
             if end > 0 and data.endswith(b"\r\n"):
                 try:

@@ -225,9 +225,8 @@ def _run_one(
     block = served or settings.cache_block_size_tokens  # the server's, else the user's, else None
     metrics.update(cached.level(results, settings, reset, block))
     if settings.reset_cache and refused and not cached.said_no_reset:
-        cached.said_no_reset = refused[0].startswith(
-            "HTTP "
-        )  # once; a server that did not answer: each level
+        # said once when the server answered without the route; each level when it did not answer
+        cached.said_no_reset = refused[0].startswith("HTTP ")
         logger.warning("%s", cache.reset_refused(refused[0]))
     _warn_cache(metrics, settings.level, logger)
     mismatch = cache.mismatch_warning(metrics, settings.level)

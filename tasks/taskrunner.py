@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Annotated, Any
 from urllib.parse import urlparse
 
@@ -53,6 +53,13 @@ class DaskChoice:
 
     def to_dict(self) -> dict[str, Any]:
         return {"address": self.address, "workers": self.workers}
+
+    def at_most(self, streams: int) -> DaskChoice:
+        """This choice with a LocalCluster of at most ``streams`` workers (None: one per core,
+        as many): a worker beyond the streams would have no share. A scheduler's is unchanged."""
+        if self.address is not None:
+            return self
+        return replace(self, workers=max(1, min(self.workers or os.cpu_count() or 1, streams)))
 
 
 #: The accepted forms, for the messages.

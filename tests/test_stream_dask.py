@@ -73,6 +73,16 @@ def test_the_config_refuses_client_processes_beside_dask_and_an_unknown_runner()
         StreamConfig(task_runner="ray")
 
 
+def test_a_local_cluster_has_no_more_workers_than_streams() -> None:
+    """dask:1000 at 2 streams started 1,000 worker processes on 2 cores (a user's try)."""
+    assert DaskChoice(workers=1000).at_most(2) == DaskChoice(workers=2)
+    assert DaskChoice(workers=3).at_most(8) == DaskChoice(workers=3)
+    assert DaskChoice().at_most(1) == DaskChoice(workers=1)  # one per core, but one stream
+    assert DaskChoice().at_most(10**6) == DaskChoice(workers=os.cpu_count())
+    far = DaskChoice(address="tcp://10.0.0.5:8786")
+    assert far.at_most(1) is far  # a scheduler's workers are its own
+
+
 def test_the_task_runner_parser_reads_each_form_and_names_them_for_anything_else() -> None:
     assert parse_task_runner("threads") is None and parse_task_runner(None) is None
     assert parse_task_runner("dask") == DaskChoice()

@@ -231,6 +231,65 @@ def test_late_sends_are_advised_by_what_the_level_shows() -> None:
     assert schedule_advice(points, 3).startswith("raise --max-concurrency")
 
 
+def test_the_advice_for_more_client_names_dask_workers_on_dask() -> None:
+    """On Dask, --client-processes is refused: the advice names the workers instead."""
+    from tasks.stream.quality import more_clients, schedule_advice
+    from tasks.stream.records import RequestRecord
+
+    on_dask = more_clients({"client_workers": [], "client_bound": 1})
+    assert on_dask == "more Dask workers (--task-runner dask:N)"
+    assert more_clients({"client_bound": 1}) == "more --client-processes"
+    idle = [
+        RequestRecord(f"l0-r{i}", send_ns=i * 10**8, ttft_ms=10, e2e_ms=50, stream_close_ms=51)
+        for i in range(2)
+    ]
+    assert schedule_advice(idle, 8, on_dask).startswith(
+        "at most 1 of 8 slots were ever in use, so the client was"
+    )
+    assert "more Dask workers (--task-runner dask:N)" in schedule_advice(idle, 8, on_dask)
+    assert "--client-processes" not in schedule_advice(idle, 8, on_dask)
+
+
+def test_a_schedule_of_hours_is_said_before_its_level_starts() -> None:
+    """A trace in the wrong unit (1e15 between rows) or a mistyped rate would otherwise wait."""
+    from tasks.stream.quality import long_schedule_message
+    from tasks.stream.settings import LevelSettings
+
+    def level(num_requests: int, **fields) -> LevelSettings:
+        return LevelSettings(
+            model="m", prompts=["p"], max_tokens=4, num_requests=num_requests, level=2, **fields
+        )
+
+    assert long_schedule_message(level(2, schedule_s=(0.0, 7200.0, 1e15))) == (
+        "level 2 will take 2 hours: the trace's last request is sent 7200 s after the first; "
+        "--duration-s ends a level sooner (check the trace's timestamp unit, or the rate)"
+    )
+    slow = long_schedule_message(level(3, request_rate=1e-9))
+    assert "will take 5.56e+05 hours: at the rate, the last request is sent 2e+09 s" in slow
+    assert long_schedule_message(level(3601, request_rate=1.0)) is None  # exactly the hour
+    assert long_schedule_message(level(3602, request_rate=1.0)) is not None
+    assert long_schedule_message(level(3, request_rate=1e-9, duration_s=5.0)) is None  # ended by it
+    assert long_schedule_message(level(3)) is None  # all at once: no schedule
+
+
+def test_a_level_with_failed_requests_says_how_many_of_which_and_the_first() -> None:
+    """Its latency figures are over the successes only: a server that died mid-level leaves few."""
+    from tasks.stream.quality import failures_message
+    from tasks.stream.records import RequestRecord
+
+    ok = RequestRecord("l1-r0", ttft_ms=10.0, e2e_ms=50.0)
+    warm = RequestRecord("l1-w0", warmup=True, error_class="connection", error_message="down")
+    cut = RequestRecord("l1-r1", error_class="stream_broken", error_message="the stream was cut")
+    refused = [
+        RequestRecord(f"l1-r{i}", error_class="connection", error_message=f"refused {i}") for i in (2, 3)
+    ]
+    assert failures_message(1, [warm, ok, cut, *refused]) == (
+        "level 1: 3 of 4 requests failed (connection 2, stream_broken 1); its latency figures are "
+        "over the 1 that succeeded; first error (stream_broken): the stream was cut"
+    )
+    assert failures_message(1, [warm, ok]) is None  # a failed warm-up is not the level's
+
+
 def test_think_times_fixed_or_drawn_with_their_mean_and_replayed_by_the_seed() -> None:
     from tasks.workload.conversation import think_times_s
 

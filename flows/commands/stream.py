@@ -165,8 +165,8 @@ def command(
         typer.Option(
             help="Where each level's client runs: threads (client processes here, default), or one "
             "client per Dask worker, each on its share of the streams and of the schedule, clocks "
-            "aligned: dask (a LocalCluster, a worker per core), dask:N (N workers) or dask:ADDRESS "
-            "(a scheduler's workers, e.g. dask:tcp://10.0.0.5:8786)."
+            "aligned: dask (a LocalCluster, a worker per core), dask:N (N workers; a LocalCluster has "
+            "at most one per stream) or dask:ADDRESS (a scheduler's workers, e.g. dask:tcp://10.0.0.5:8786)."
         ),
     ] = None,
     duration_s: Annotated[

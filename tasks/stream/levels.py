@@ -141,8 +141,13 @@ def run_levels(
     said_user_clock = connection.arrival_clock != "kernel"  # asked for: nothing to say
     cached = cache.ExpectedCache()  # what a perfect prefix cache holds, across the levels
     choice = parse_task_runner(task_runner)  # a LocalCluster, or a scheduler's workers: once for the run
+    if choice is not None:  # no more local workers than the run has streams
+        choice = choice.at_most(max((s.max_concurrency for s in levels), default=1))
     with dask_client(choice) if choice else contextlib.nullcontext() as dask:
         for settings in levels:
+            long_schedule = quality.long_schedule_message(settings)
+            if long_schedule:
+                logger.warning("%s", long_schedule)
             level = _run_one(
                 connection, settings, count_tokens, goodput, client_processes, on_record, logger, cached, dask
             )
@@ -320,6 +325,9 @@ def _level_metrics(
     metrics.update(prometheus.level_view(before, after))
     metrics.update(cache.level_figures(result.measured, before, after))
     metrics.update(prometheus.cross_check(metrics))
+    failures = quality.failures_message(index, result.records)
+    if failures:
+        logger.warning("%s", failures)
     if metrics.get("server_client_disagree"):
         logger.warning(
             "level %d: the client's TTFT/E2E means differ from the server's own "
@@ -353,7 +361,9 @@ def _level_metrics(
                 quality.SCHEDULE_LATENESS_TOLERANCE_MS,
                 rate_text(metrics.get("achieved_request_rate")),
                 rate_text(metrics.get("recorded_request_rate")),
-                quality.schedule_advice(result.measured, settings.max_concurrency),
+                quality.schedule_advice(
+                    result.measured, settings.max_concurrency, quality.more_clients(metrics)
+                ),
             )
     _warn_client(metrics, settings, logger)
     return metrics
@@ -389,10 +399,11 @@ def _warn_client(
         logger.warning(
             "level %d is client-bound: %s %% of its ITL gaps came coalesced (several chunks in one "
             "read, > %s %%): the client read too late to separate them; its ITL figures describe "
-            "the client, not the server (more --client-processes, or fewer streams)",
+            "the client, not the server (%s, or fewer streams)",
             index,
             share,
             limit,
+            quality.more_clients(metrics),
         )
         return
     lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)

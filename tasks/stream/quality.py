@@ -24,6 +24,7 @@ Pure functions over records; no clock reads, no I/O.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -91,6 +92,53 @@ def fallback_message(level: int, records: Iterable[Any]) -> str | None:
         f"level {level}: {sum(map(len, fallbacks.values()))} of {with_text} requests with text are on "
         f"the user-space clock (when the event loop read each chunk; late by the loop's lag), not "
         f"the kernel's: {reasons}"
+    )
+
+
+#: A level whose schedule would send its last request later than this (s) after its first is
+#: said at its start: a trace in the wrong unit or a mistyped rate otherwise just waits.
+LONG_SCHEDULE_S = 3600.0
+
+
+def long_schedule_message(settings: Any) -> str | None:
+    """The warning for a level (``tasks.stream.settings.LevelSettings``) whose schedule would
+    run over :data:`LONG_SCHEDULE_S` with no ``duration_s`` to end it: a recorded schedule's
+    last send of the level (``schedule_s``), or a rate's expected one (``(num_requests - 1) /
+    request_rate``). None otherwise."""
+    if settings.duration_s is not None:
+        return None
+    if settings.schedule_s is not None:
+        span_s, what = max(settings.schedule_s[: settings.num_requests], default=0.0), "the trace's"
+    elif settings.request_rate is not None:
+        span_s, what = (settings.num_requests - 1) / settings.request_rate, "at the rate, the"
+    else:
+        return None
+    if span_s <= LONG_SCHEDULE_S:
+        return None
+    return (
+        f"level {settings.level} will take {span_s / 3600:.3g} hours: {what} last request is "
+        f"sent {span_s:.6g} s after the first; --duration-s ends a level sooner (check the "
+        "trace's timestamp unit, or the rate)"
+    )
+
+
+def failures_message(level: int, records: Iterable[Any]) -> str | None:
+    """The warning for a level some of whose measured requests failed (records with ``warmup``,
+    ``error_class`` and ``error_message``: ``tasks.stream.records.RequestRecord``): how many, of
+    which classes, and the first error; the level's latency figures are over the requests that
+    succeeded only (a server that died mid-level leaves the few that finished before). None
+    when none failed."""
+    measured = [r for r in records if not r.warmup]
+    failed = [r for r in measured if r.error_class is not None]
+    if not failed:
+        return None
+    split = ", ".join(
+        f"{name} {count}" for name, count in sorted(Counter(r.error_class for r in failed).items())
+    )
+    return (
+        f"level {level}: {len(failed)} of {len(measured)} requests failed ({split}); its latency "
+        f"figures are over the {len(measured) - len(failed)} that succeeded; first error "
+        f"({failed[0].error_class}): {failed[0].error_message}"
     )
 
 
@@ -186,7 +234,19 @@ def _peak_overlap(spans: Iterable[tuple[int, int]]) -> int:
     return peak
 
 
-def schedule_advice(records: Iterable[Any], max_concurrency: int) -> str:
+def more_clients(metrics: Mapping[str, Any]) -> str:
+    """The advice for more client capacity: Dask workers for a level run on Dask (its metrics
+    hold ``client_workers``), else client processes."""
+    return (
+        "more Dask workers (--task-runner dask:N)"
+        if "client_workers" in metrics
+        else "more --client-processes"
+    )
+
+
+def schedule_advice(
+    records: Iterable[Any], max_concurrency: int, more: str = "more --client-processes"
+) -> str:
     """What to do about sends that fell behind a recorded schedule, from what the level shows
     (its measured records; times from ``send_ns``, ``ttft_ms``, ``e2e_ms``, ``stream_close_ms``):
 
@@ -199,7 +259,8 @@ def schedule_advice(records: Iterable[Any], max_concurrency: int) -> str:
     - else the slots were full while the server answered several at once: raise
       ``--max-concurrency``.
 
-    Returns one clause for a warning (``...: <advice>``).
+    ``more``: how to add client capacity (:func:`more_clients`). Returns one clause for a
+    warning (``...: <advice>``).
     """
     done = [r for r in records if r.stream_close_ms is not None]
     flight = _peak_overlap((r.send_ns, r.send_ns + int(r.stream_close_ms * 1e6)) for r in done)
@@ -225,6 +286,6 @@ def schedule_advice(records: Iterable[Any], max_concurrency: int) -> str:
     if flight < max_concurrency:
         return (
             f"at most {flight} of {max_concurrency} slots were ever in use, so the client was slow "
-            f"to send: more --client-processes, or {slower}"
+            f"to send: {more}, or {slower}"
         )
-    return f"raise --max-concurrency, or more --client-processes, or {slower}"
+    return f"raise --max-concurrency, or {more}, or {slower}"

@@ -62,6 +62,20 @@ def test_a_step_up_and_back_gives_two_change_points():
     assert cp.change_points(one_metric([NORMAL] * 6 + [1.3] * 6 + [NORMAL] * 8)) == [6, 12]
 
 
+def test_a_short_historys_step_up_and_back_is_found():
+    """A new user's audits: 4 at 22 ms, 3 at 42 ms, 4 back at 22 (1 % between runs). The
+    permutation test cannot reach p 0.02 on 11 audits whatever the step: the step was missed and
+    every verdict after the way back judged against a baseline spanning both levels."""
+    values = (
+        22.0
+        * np.array([NORMAL] * 4 + [1.9] * 3 + [NORMAL] * 4)
+        * np.exp(np.random.default_rng(1).normal(0.0, 0.01, 11))
+    )
+    assert cp.change_points(values) == [4, 7]
+    assert cp.change_points(one_metric([NORMAL] * 11, sd=0.01)) == []  # no step, no point
+    assert cp.change_points(one_metric([NORMAL] * 4 + [1.03] * 3 + [NORMAL] * 4, sd=0.01)) == []
+
+
 def test_a_single_outlier_makes_no_change_point():
     levels = [NORMAL] * 20
     levels[9] = 1.5
@@ -175,6 +189,11 @@ def test_a_step_up_and_back_takes_the_runs_since_the_second():
         choice = choose(levels, verdicts)
         assert (choice.indices, choice.change_point, choice.excluded) == (tuple(range(12, 18)), 12, ())
         assert choice.note == "the 6 audits since the change point at audit 13"
+
+
+def test_a_short_step_up_and_back_takes_the_runs_since_the_way_back():
+    choice = choose([NORMAL] * 4 + [1.9] * 3 + [NORMAL] * 4, [None] * 11)
+    assert (choice.indices, choice.change_point) == ((7, 8, 9, 10), 7)
 
 
 def test_a_slow_drift_is_cut_where_the_steps_are_large_enough():

@@ -143,8 +143,9 @@ class History:
         ``cuts``: more segment starts than the metric's own change points: the baseline choice's
         confirmed change point (:meth:`baseline`, found on all metrics together). A step that
         this metric's own E-Divisive missed (10 audits, a x1.43 step: missed in 14 of 18 series of
-        TTFT p50, ITL p90 and TPOT in 6 such histories at sigma 0.25) would otherwise count as
-        run-to-run spread (18-26 % where the runs differ by 5 %)."""
+        TTFT p50, ITL p90 and TPOT in 6 such histories at sigma 0.25, before the weak level of
+        :mod:`tasks.stats.changepoint`) would otherwise count as run-to-run spread (18-26 % where
+        the runs differ by 5 %)."""
         history = self.metrics.get(metric)
         if history is None:
             return None

@@ -17,6 +17,8 @@ each run's figure is its level times a log-normal factor ``exp(sd x z)`` (run-to
 - (g) a step the runs' own intervals cannot resolve (+4 %, run-to-run sd 1 %, each run's
   interval +- 8 %): share found (the interval filter of ``tasks.stats.changepoint`` should drop
   it; the libraries know no intervals);
+- (h) a short history, +30 % up and back: 4 or 5 audits, 3 raised, 4 or 5 after (a team's
+  first fortnight): share with both found within one audit;
 
 and the run time per 20-audit history. Then the whole rule, ``choose_baseline``, on histories
 of six correlated metrics (a shared run factor plus each figure's own noise; no verdicts
@@ -97,9 +99,9 @@ def detectors() -> dict[str, Detector]:
         found["mongodb e-divisive p=0.01"] = mongodb(0.01)
     except ImportError as error:
         print(f"signal-processing-algorithms not importable ({error}): skipped (see the docstring)")
-    found[f"ours: change_points() (otava p={changepoint.MAX_PVALUE} + filter)"] = lambda x, h: (
-        changepoint.change_points(x, h)
-    )
+    found[
+        f"ours: change_points() (otava p={changepoint.MAX_PVALUE}, or {changepoint.WEAK_PVALUE} at {changepoint.WEAK_STEP_SD:g} sd, + filter)"
+    ] = lambda x, h: changepoint.change_points(x, h)
     return found
 
 
@@ -113,7 +115,7 @@ def noisy(rng: np.random.Generator, levels: np.ndarray, sd: float, hw_rel: float
 def histories(sd: float, count: int, seed: int = 7) -> dict[str, list]:
     """Per case: (values, half_widths, planted points) for ``count`` histories."""
     rng = np.random.default_rng(seed)
-    cases: dict[str, list] = {k: [] for k in ("a", "b", "c", "d", "e", "f", "g")}
+    cases: dict[str, list] = {k: [] for k in ("a", "b", "c", "d", "e", "f", "g", "h")}
     for _ in range(count):
         flat = np.ones(N_AUDITS)
         cases["a"].append((*noisy(rng, flat, sd), ()))
@@ -137,6 +139,10 @@ def histories(sd: float, count: int, seed: int = 7) -> dict[str, list]:
         levels = flat.copy()
         levels[k:] = 1.04
         cases["g"].append((*noisy(rng, levels, 0.01, hw_rel=0.08), (k,)))
+        before, after = int(rng.integers(4, 6)), int(rng.integers(4, 6))
+        levels = np.ones(before + 3 + after)
+        levels[before : before + 3] = STEP
+        cases["h"].append((*noisy(rng, levels, sd), (before, before + 3)))
     return cases
 
 
@@ -182,6 +188,7 @@ HEAD = {
     "e": "(e) outlier: any",
     "f": "(f) n<5: any",
     "g": "(g) in-interval step: found",
+    "h": "(h) short up+back: both",
 }
 
 # The rule's part: six metrics with a shared run factor (machine load moves whole runs).

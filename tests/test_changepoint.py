@@ -166,7 +166,7 @@ def test_regressed_then_a_tail_then_improved_keep_the_first_three():
 def test_a_regression_the_next_audit_repeats_is_the_new_normal():
     choice = choose([NORMAL] * 3 + [SLOW, SLOW], [None] * 3 + ["regressed", "regressed"])
     assert choice == stretch.BaselineChoice(
-        (3, 4), 3, (), False, "only 2 audits since the change point at audit 4: judged on those"
+        (3, 4), 3, (), False, "only 2 audits since the change point at audit 4: judged on those", (3,)
     )
 
 
@@ -193,7 +193,7 @@ def test_a_step_up_and_back_takes_the_runs_since_the_second():
 
 def test_a_short_step_up_and_back_takes_the_runs_since_the_way_back():
     choice = choose([NORMAL] * 4 + [1.9] * 3 + [NORMAL] * 4, [None] * 11)
-    assert (choice.indices, choice.change_point) == ((7, 8, 9, 10), 7)
+    assert (choice.indices, choice.change_point, choice.change_points) == ((7, 8, 9, 10), 7, (4, 7))
 
 
 def test_a_slow_drift_is_cut_where_the_steps_are_large_enough():

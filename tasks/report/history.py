@@ -141,7 +141,9 @@ class History:
         *Variance Components*, 1992, sec. 3.5). None with fewer than 2 degrees of freedom.
 
         ``cuts``: more segment starts than the metric's own change points: the baseline choice's
-        confirmed change point (:meth:`baseline`, found on all metrics together). A step that
+        confirmed change points (:meth:`baseline`, found on all metrics together; every one, not
+        only the last: after a step up and back the raised stretch is otherwise pooled with the
+        normal runs while this metric's own E-Divisive has not cut it yet). A step that
         this metric's own E-Divisive missed (10 audits, a x1.43 step: missed in 14 of 18 series of
         TTFT p50, ITL p90 and TPOT in 6 such histories at sigma 0.25, before the weak level of
         :mod:`tasks.stats.changepoint`) would otherwise count as run-to-run spread (18-26 % where

@@ -37,6 +37,9 @@ class BaselineChoice:
             left out: departures the following audits did not repeat, or not yet repeated.
         enough: at least ``min_runs`` baseline runs.
         note: one plain sentence that says which runs, since when, and what was left out.
+        change_points: every change point the scan confirmed, oldest first (``change_point`` is
+            the last): the stretches whose runs' spread is one level's
+            (``tasks.report.history.AuditHistory.run_spread``).
     """
 
     indices: tuple[int, ...]
@@ -44,6 +47,7 @@ class BaselineChoice:
     excluded: tuple[int, ...]
     enough: bool
     note: str
+    change_points: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,7 @@ class _Scan:
     start: int  # first run of the baseline's stretch
     change_point: int | None
     exclude: dict[int, str]  # run -> why ("unconfirmed", "pending", "unexplained"); empty: done
+    points: tuple[int, ...] = ()  # every change point confirmed, oldest first
 
 
 def _step_metrics(x: np.ndarray, h: np.ndarray, k: int, ref: list[int], judged: bool) -> dict[int, float]:
@@ -131,6 +136,7 @@ def _scan(
         # cannot show a level); it goes the way of any unrepeated departure.
         return _Scan(active[0], None, {active[0]: "unconfirmed"})
     start, change_point = active[0], None
+    confirmed: list[int] = []
     explained: set[int] = set()
     for k in active[1:]:
         if k in explained:
@@ -149,7 +155,7 @@ def _scan(
                 sides[m] = (before, level)
         if not sides:
             if judged:
-                return _Scan(start, change_point, {k: "unexplained"})
+                return _Scan(start, change_point, {k: "unexplained"}, tuple(confirmed))
             continue
         streak, followers = [], 0
         for j in active[active.index(k) :]:
@@ -168,11 +174,12 @@ def _scan(
                 # point needs the library's or a verdict's evidence: leave it to them.
                 continue
             start, change_point = k, k
+            confirmed.append(k)
             explained.update(streak)
         else:
             why = "pending" if len(streak) == followers else "unconfirmed"
-            return _Scan(start, change_point, dict.fromkeys(streak, why))
-    return _Scan(start, change_point, {})
+            return _Scan(start, change_point, dict.fromkeys(streak, why), tuple(confirmed))
+    return _Scan(start, change_point, {}, tuple(confirmed))
 
 
 def _runs(indices: Sequence[int]) -> str:
@@ -307,4 +314,4 @@ def choose_baseline(
         if runs:
             parts.append(f"{_runs(runs)} left out: {reason}")
     note = head + (f" ({'; '.join(parts)})" if parts else "")
-    return BaselineChoice(indices, scan.change_point, tuple(left_out), enough, note)
+    return BaselineChoice(indices, scan.change_point, tuple(left_out), enough, note, scan.points)

@@ -208,3 +208,67 @@ def test_a_piece_is_framed_as_the_same_bytes_split_anywhere(piece: bytes, payloa
         # each event is stamped by the read that ended it: the first piece's only if it held its end
         ended_first = len(SSEFramer().feed(piece[:cut]))
         assert [read_ns for _, read_ns in got] == [1] * ended_first + [2] * (len(payloads) - ended_first), cut
+
+
+_CHUNKS = [  # a stream of every kind the chat reader meets, in one order
+    b'{"id":"c","object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},'
+    b'"logprobs":null,"finish_reason":null}]}',
+    b'{"choices":[{"index":0,"delta":{"content":" w1"},"finish_reason":null}]}',
+    b'{"choices":[{"index":0,"delta":{"reasoning_content":"hm"},"finish_reason":null}]}',
+    b'{"choices":[{"index":0,"delta":{"content":null,"reasoning":"ok"},"finish_reason":null}]}',
+    b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"name":"f","arguments":"{\\"a"}}]}}]}',
+    b'{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"\\":1}"}}]}}]}',
+    b'{"choices":[{"index":0,"text":" w2","finish_reason":null}]}',  # /completions
+    b'{"choices":[{"index":0,"delta":{"content":7}}]}',  # not text: another type, the general path
+    b'{"choices":[{"index":0,"delta":{"content":" w3"}}],"usage":{"completion_tokens":3}}',
+    b'{"choices":[{"index":0,"delta":{},"finish_reason":"stop"}],"timings":{"cache_n":2,"prompt_n":9}}',
+    b'{"choices":[],"usage":{"prompt_tokens":11,"completion_tokens":4},"timings":{"cache_n":3}}',
+    b"[DONE]",
+]
+
+
+@pytest.mark.parametrize("typed", [True, False], ids=["typed", "general"])
+def test_a_chunk_read_typed_fills_the_state_the_general_reader_fills(typed, monkeypatch) -> None:
+    from tasks.stream import transports
+
+    if not typed:  # every chunk refused by the types: each goes to the general reader
+
+        def refuse(payload: bytes):
+            raise transports.msgspec.ValidationError("forced")
+
+        monkeypatch.setattr(transports, "_decode_chunk", refuse)
+    general: list[bytes] = []
+    read_event = transports._read_event
+    monkeypatch.setattr(
+        transports,
+        "_read_event",
+        lambda payload, state: general.append(payload) or read_event(payload, state),
+    )
+    state = transports.new_state()
+    on_event = transports.chat_events(state)
+    for n, payload in enumerate(_CHUNKS):
+        on_event(payload, 1000 + n, 2000 + n)
+    # text chunks: " w1", "hm", "ok", the two tool-call fragments, " w2", " w3" (the role chunk,
+    # the non-string content, the finish and the usage-only chunk carry none)
+    assert state["arrivals_ns"] == [1001, 1002, 1003, 1004, 1005, 1006, 1008]
+    assert state["rx_ns"] == [2001, 2002, 2003, 2004, 2005, 2006, 2008]
+    assert state["parts"] == [" w1", "hm", "ok", "", "", " w2", " w3"]
+    assert state["tool_calls"] == {0: ["f", '{"a":1}']}
+    assert state["chunks"] == 11 and state["done"] and state["finish_reason"] == "stop"
+    assert state["usage"] == {"prompt_tokens": 11, "completion_tokens": 4}
+    assert state["timings"] == {"cache_n": 3}
+    # typed: only the chunk with a non-string content and the one without choices went general
+    assert general == ([_CHUNKS[7], _CHUNKS[10]] if typed else _CHUNKS[:-1])
+
+
+def test_a_chunk_of_another_shape_is_refused_by_the_general_reader_with_its_reason() -> None:
+    from tasks.stream import transports
+    from tasks.stream.errors import StreamError
+
+    on_event = transports.chat_events(transports.new_state())
+    with pytest.raises(StreamError, match="choices\\[0\\] is not an object"):
+        on_event(b'{"choices":["x"]}', 1, None)
+    with pytest.raises(StreamError, match="inside the stream: overloaded"):
+        on_event(b'{"error":{"message":"overloaded"}}', 1, None)
+    with pytest.raises(json.JSONDecodeError):
+        on_event(b'{"choices":[', 1, None)

@@ -1,6 +1,6 @@
 # The two commands a new user needs (see README): `make audit` and `make test`.
 # Both create .venv and install everything on first use; later runs skip the install
-# until pyproject.toml changes.
+# until pyproject.toml or the compiled stream read (tasks/stream/_rx.c, built by pip) changes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install audit test lint vllm docs-images
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tasks/stream/_rx.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build on local disk (an unpinned torch pulls GBs of CUDA).

@@ -8,12 +8,13 @@ connections kept alive or closed, bodies cut or stalled, heads that are not HTTP
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tasks.stream import h1, rxclock
+from tasks.stream import h1, reactor, rxclock
 from tasks.stream.pool import Pool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
@@ -89,6 +90,24 @@ async def _refuse_the_second_piece(pool: Pool) -> tuple[list[bytes], BaseExcepti
     finally:
         pool.release(response)
     return got, error
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def read_path(request, monkeypatch) -> str:
+    """Every test on both reads of a plain connection: the compiled one (tasks/stream/_rx.c) and
+    the reactor's Python one, which runs where it could not be built."""
+    if request.param == "python":
+        monkeypatch.setattr(reactor, "_rx", None)
+    elif not reactor.COMPILED:
+        pytest.skip("the compiled read was not built here (test_the_read_is_compiled_on_linux says why)")
+    return request.param
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the compiled read is Linux's")
+def test_the_read_is_compiled_on_linux(read_path) -> None:
+    # pip install -e builds it (pyproject.toml: optional, so an install without a C compiler
+    # still succeeds): on this project's machines a failed build must not pass unseen
+    assert reactor.COMPILED
 
 
 def pool_url(pool: Pool) -> str:

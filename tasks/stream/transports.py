@@ -33,6 +33,7 @@ from typing import Any
 import httpx2
 import msgspec
 import openai
+import orjson
 
 from tasks.stream import h1
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
@@ -131,6 +132,16 @@ def _request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
     body = {k: v for k, v in kwargs.items() if k != "extra_body"}
     body.update(kwargs.get("extra_body") or {})
     return body
+
+
+def _dumps(body: dict[str, Any]) -> bytes:
+    """The request's JSON (RFC 8259), compact and UTF-8 as the openai client's httpx writes it:
+    orjson's (~1 us against ~8 for ``json.dumps``), ``json``'s for what orjson refuses (an
+    integer beyond 64 bits, a key that is not a string: a user's ``extra_body``)."""
+    try:
+        return orjson.dumps(body)
+    except orjson.JSONEncodeError:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
 
 def _status_error(url: str, status: int, headers: Any, raw: bytes) -> openai.APIStatusError:
@@ -249,7 +260,7 @@ async def read_sse(
     response = None
     try:
         async with asyncio.timeout(timeout_s):
-            response = await pool.post(url, headers, json.dumps(_request_body(kwargs)).encode(), state)
+            response = await pool.post(url, headers, _dumps(_request_body(kwargs)), state)
         if response.status != 200:
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True

@@ -325,6 +325,34 @@ def test_a_read_of_one_whole_chunk_is_handed_on_as_the_framing_would() -> None:
     assert got == [pieces[0]] and str(error) == "not a chunk this reader takes" and connections == 1
 
 
+def test_a_read_of_several_whole_chunks_and_a_part_hands_each_on_with_that_reads_stamps() -> None:
+    """Whole chunks that came in one read (a server that fell behind wrote them together) are
+    handed on one by one in the short path, each with the one read's stamps; the part of a chunk
+    after them goes on to the general framing, its rest with the next read's."""
+    pieces = [b"data: 1\n\n", b"data: 22\n\n", b"x" * 40, b"data: 4444\n\n"]
+    frames = b"".join(b"%x\r\n%b\r\n" % (len(piece), piece) for piece in pieces)
+    cut = len(frames) - 8  # inside the last chunk's data
+
+    async def script(reader, writer) -> None:
+        await _read_request(reader)
+        writer.write(CHUNKED_HEAD)
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(frames[:cut])
+        await writer.drain()
+        await asyncio.sleep(0.01)
+        writer.write(frames[cut:] + b"0\r\n\r\n")
+
+    (status, body, response), _ = asyncio.run(_serve(script, _post_and_read))
+    assert status == 200 and body == b"".join(pieces)
+    got = [piece for piece, _, _ in response.pieces]
+    assert got == [*pieces[:3], pieces[3][:-6], pieces[3][-6:]]
+    reads = [(read_ns, rx_ns) for _, read_ns, rx_ns in response.pieces]
+    assert len(set(reads[:4])) == 1 and reads[4][0] > reads[0][0]
+    if rxclock.SUPPORTED:
+        assert reads[0][1] and reads[4][1] > reads[0][1]
+
+
 def test_a_readers_exception_ends_the_response_with_it_and_closes_the_connection() -> None:
     """The sink runs in the read's callback: what it raises is what consume raises, after the
     pieces before it, and the connection (its body not read to the end) is not reused."""

@@ -82,23 +82,33 @@ class Response(asyncio.Protocol):
         self._read_ns, self._rx_ns = read_ns, rx_ns
         sink = self._sink
         if self._state == _SIZE and sink is not None and not self._rest:
-            # A streaming server's usual read: one whole chunk (size line, data, CRLF), handed
-            # on in one step, without the general framing's loop and calls (README "A read of
-            # one whole chunk in one step"); anything else (several chunks, a part, an
-            # extension, the last chunk) is framed below.
-            end = data.find(b"\r\n")
-            if end > 0 and data.endswith(b"\r\n"):
+            # A streaming server's usual read: whole chunks (size line, data, CRLF), most often
+            # one, handed on in one loop without the general framing's states and calls (README
+            # "A read of one whole chunk in one step"); whatever is not a whole chunk with a plain
+            # size (a part, an extension, the last chunk) goes on to the general framing below.
+            pos, n = 0, len(data)
+            while True:
+                end = data.find(b"\r\n", pos)
+                if end <= pos:
+                    break
                 try:
-                    size = int(data[:end], 16)
+                    size = int(data[pos:end], 16)
                 except ValueError:
-                    size = 0
-                if size > 0 and end + size + 4 == len(data):
-                    self._total += size
-                    try:
-                        sink(data[end + 2 : -2], read_ns, rx_ns)
-                    except Exception as exc:  # noqa: BLE001 - the reader's, raised by consume
-                        self._fail(exc)
+                    break
+                stop = end + 2 + size
+                if size <= 0 or not data.startswith(b"\r\n", stop):
+                    break
+                self._total += size
+                try:
+                    sink(data[end + 2 : stop], read_ns, rx_ns)
+                except Exception as exc:  # noqa: BLE001 - the reader's, raised by consume
+                    self._fail(exc)
                     return
+                pos = stop + 2
+                if pos == n:
+                    return
+            if pos:
+                data = data[pos:]
         if self._rest:
             data, self._rest = self._rest + data, b""
         try:

@@ -171,20 +171,20 @@ def _event_error(event: dict[str, Any]) -> StreamError | None:
     return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
-class _Delta(msgspec.Struct):
+class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: msgspec.Raw = None  # type: ignore[assignment]  # (Raw | None fails on any value)
 
 
-class _Choice(msgspec.Struct):
+class _Choice(msgspec.Struct, gc=False):
     delta: _Delta | None = None
     text: str | None = None  # /completions
     finish_reason: Any = None
 
 
-class _Chunk(msgspec.Struct):
+class _Chunk(msgspec.Struct, gc=False):
     choices: list[_Choice] | None = None
     usage: msgspec.Raw = None  # type: ignore[assignment]
     timings: msgspec.Raw = None  # type: ignore[assignment]

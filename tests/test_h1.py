@@ -98,6 +98,7 @@ def read_path(request, monkeypatch) -> str:
     the reactor's Python one, which runs where it could not be built."""
     if request.param == "python":
         monkeypatch.setattr(reactor, "_rx", None)
+        monkeypatch.setattr(h1, "_rx", None)
     elif not reactor.COMPILED:
         pytest.skip("the compiled read was not built here (test_the_read_is_compiled_on_linux says why)")
     return request.param

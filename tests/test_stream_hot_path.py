@@ -99,16 +99,22 @@ def test_the_read_bound_ends_a_stall_and_only_a_stall(server) -> None:
 def test_a_stamped_stream_is_framed_in_each_reads_callback_with_its_times(server, monkeypatch) -> None:
     """Before: the reads' bytes were buffered and framed every 50-150 ms (a drain), each event
     stamped by looking up the read that delivered its last byte; now each read's bytes are
-    framed in its own callback (one framer call per chunk), with that read's stamps.
+    framed in its own callback (one event handed on per chunk: by the framer, or by the compiled
+    ``sse_chunks``), with that read's stamps.
 
     The order of the stamps (sent, then the kernel's, then the read's) holds in every attempt;
     how soon after each other they come is timing, which a client or instrument descheduled on
     2 shared cores can stretch for a few chunks (CI: 1 run in 3): measured up to 3 times."""
-    blocks: list[bytes] = []
-    sink = SSEFramer.sink
-    monkeypatch.setattr(
-        SSEFramer, "sink", lambda self, block, *stamps: blocks.append(block) or sink(self, block, *stamps)
-    )
+    from tasks.stream import transports
+
+    blocks: list[bytes] = []  # every event handed on
+    chat_events = transports.chat_events
+
+    def counted(state):
+        on_event = chat_events(state)
+        return lambda payload, *stamps: blocks.append(payload) or on_event(payload, *stamps)
+
+    monkeypatch.setattr(transports, "chat_events", counted)
     for _ in range(3):
         blocks.clear()
         server.reset()
@@ -272,3 +278,78 @@ def test_a_chunk_of_another_shape_is_refused_by_the_general_reader_with_its_reas
         on_event(b'{"error":{"message":"overloaded"}}', 1, None)
     with pytest.raises(json.JSONDecodeError):
         on_event(b'{"choices":[', 1, None)
+
+
+def _chunk(data: bytes, size: bytes | None = None) -> bytes:
+    return b"%b\r\n%b\r\n" % (size or b"%x" % len(data), data)
+
+
+_READS = [  # a body read by read: every framing the compiled short path meets or leaves
+    _chunk(b'data: {"n":1}\n\n'),  # the usual: one chunk, one event
+    _chunk(b"data: 2\n\n") + _chunk(b"data: 3\n\n") + _chunk(b"data: \n\n"),  # several, an empty one
+    _chunk(b"data: 4\n\ndata: 5\n\n"),  # two events in one chunk
+    _chunk(b"data:6\n\n") + _chunk(b"data: 7\n\n", b"%X" % 9),  # no space; an upper-case size
+    _chunk(b"data: 8\r\n\r\n") + _chunk(b"data: 9\n\n", b"9;e=1"),  # CRLF lines; an extension
+    _chunk(b": ping\n\n") + _chunk(b"event: e\ndata: 10\n\n"),  # a comment; an event line
+    _chunk(b"data: 1") + _chunk(b"1\n\n"),  # an event across two chunks
+    _chunk(b"data: 12\n\n") + b"a\r\ndata: 1",  # a whole chunk, then a part of the next
+    b"3\n\n\r\n" + _chunk(b"data: [DONE]\n\n"),  # its rest, then [DONE]
+    b"0\r\n\r\n",  # the last chunk
+]
+
+
+@pytest.mark.parametrize("cut", [None, 7, 23])
+def test_the_compiled_short_path_hands_on_what_the_framing_does(cut, monkeypatch) -> None:
+    """``tasks/stream/_rx.c``'s ``sse_chunks`` (whole chunks of one one-line ``data:`` event each,
+    straight to the reader) against the Python framing alone, read by read: the same events, with
+    the same reads' stamps, the same body bytes counted, the same end. ``cut``: every read also
+    split there (parts of chunks, of size lines)."""
+    from tasks.stream import h1, reactor
+
+    if not reactor.COMPILED:
+        pytest.skip("the compiled read was not built here (tests/test_h1.py says why)")
+    reads = _READS if cut is None else [piece for r in _READS for piece in (r[:cut], r[cut:]) if piece]
+
+    framed: list[bool] = []  # a piece handed to the framer (not taken by the short path)
+
+    def read(compiled: bool) -> tuple[list[tuple], int, bool]:
+        monkeypatch.setattr(h1, "_rx", reactor._rx if compiled else None)
+        got: list[tuple] = []
+
+        def on_event(payload: bytes, read_ns: int, rx_ns: int | None) -> None:
+            got.append((payload, read_ns, rx_ns))
+
+        class Sock:  # the stamped socket's two stamps, set per read as its read sets them
+            read_ns = rx_ns = 0
+
+        response, framer = h1.Response(Sock), SSEFramer(on_event)  # type: ignore[arg-type]
+        response._state = h1._SIZE
+        response._sink = lambda *piece: framed.append(compiled) or framer.sink(*piece)
+        response._events = (framer, on_event) if compiled else None
+        for k, data in enumerate(reads):
+            Sock.read_ns, Sock.rx_ns = 1000 + k, 2000 + k
+            response.data_received(data)
+        return got, response._total, response._ended
+
+    compiled, python = read(True), read(False)
+    assert compiled == python
+    if cut is None:  # whole reads: the compiled path took its share (cut ones are parts)
+        assert framed.count(True) < framed.count(False)
+    assert [payload for payload, _, _ in python[0]] == [
+        b'{"n":1}',
+        b"2",
+        b"3",
+        b"",
+        b"4",
+        b"5",
+        b"6",
+        b"7",
+        b"8",
+        b"9",
+        b"10",
+        b"11",
+        b"12",
+        b"13",
+        b"[DONE]",
+    ]
+    assert python[2]  # the body ended

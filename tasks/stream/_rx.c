@@ -1,4 +1,6 @@
-/* The reactor's read of every ready connection, compiled: tasks.stream.reactor.Reactor.read_ready.
+/* The stream client's hot path, compiled: the reactor's read of every ready connection (drain,
+ * tasks.stream.reactor.Reactor.read_ready) and the usual chunks of a read handed on as their
+ * events (sse_chunks, below; tasks.stream.h1.Response.data_received).
  *
  * Per ready socket the Python reading costs a method per read (the transport's, then the stamped
  * socket's), the ancillary list recvmsg_into builds, its unpacking and a slice copy of the bytes:
@@ -144,9 +146,69 @@ static PyObject *drain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
     Py_RETURN_NONE;
 }
 
+/* sse_chunks(data: bytes, on_event, read_ns: int, rx_ns: int | None) -> (consumed, data_bytes):
+ * the leading whole HTTP/1.1 chunks of a read (RFC 9112 §7.1: a size in hex digits, CRLF, the
+ * data, CRLF) whose data is each exactly one server-sent event of one data line ("data: " + a
+ * payload without a line feed + "\n\n", the line not ended by "\r": WHATWG HTML, "Server-sent
+ * events"), each payload handed to on_event(payload, read_ns, rx_ns) in order; it stops at the
+ * first chunk that is not whole or not such an event (a size with anything but hex digits, an
+ * extension, the last chunk, two lines, a part), which the Python framing then reads. Returns the
+ * bytes it consumed and the data bytes of those chunks. What each chunk is handed on as is what
+ * tasks.stream.h1.Response and tasks.stream.sse.SSEFramer.sink hand on for it (tested both ways);
+ * an exception of on_event propagates at once. */
+static int hex_value(char c) {
+    if (c >= '0' && c <= '9')
+        return c - '0';
+    if (c >= 'a' && c <= 'f')
+        return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F')
+        return c - 'A' + 10;
+    return -1;
+}
+
+static PyObject *sse_chunks(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4 || !PyBytes_Check(args[0])) {
+        PyErr_SetString(PyExc_TypeError, "sse_chunks(data: bytes, on_event, read_ns, rx_ns)");
+        return NULL;
+    }
+    const char *p = PyBytes_AS_STRING(args[0]);
+    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), pos = 0, total = 0;
+    PyObject *call[4] = {NULL, NULL, args[2], args[3]}; /* call[0]: room for the vectorcall */
+    while (pos < n) {
+        Py_ssize_t i = pos, size = 0;
+        int digit;
+        while (i < n && i - pos < 8 && (digit = hex_value(p[i])) >= 0) {
+            size = size * 16 + digit;
+            i++;
+        }
+        if (i == pos || i + 1 >= n || p[i] != '\r' || p[i + 1] != '\n')
+            break; /* no plain size line (or not all of it in this read) */
+        Py_ssize_t start = i + 2, stop = start + size;
+        if (size < 8 || stop + 2 > n || p[stop] != '\r' || p[stop + 1] != '\n')
+            break; /* the last chunk, too short to be an event, or not whole */
+        if (memcmp(p + start, "data: ", 6) != 0 || p[stop - 2] != '\n' || p[stop - 1] != '\n' ||
+            p[stop - 3] == '\r' || memchr(p + start + 6, '\n', size - 8) != NULL)
+            break; /* not exactly one one-line data event */
+        PyObject *payload = PyBytes_FromStringAndSize(p + start + 6, size - 8);
+        if (payload == NULL)
+            return NULL;
+        call[1] = payload;
+        PyObject *result = PyObject_Vectorcall(args[1], call + 1, 3 | PY_VECTORCALL_ARGUMENTS_OFFSET, NULL);
+        Py_DECREF(payload);
+        if (result == NULL)
+            return NULL;
+        Py_DECREF(result);
+        total += size;
+        pos = stop + 2;
+    }
+    return Py_BuildValue("nn", pos, total);
+}
+
 static PyMethodDef methods[] = {
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
      "drain(epfd, handlers): read every ready connection once and hand its bytes on."},
+    {"sse_chunks", (PyCFunction)(void (*)(void))sse_chunks, METH_FASTCALL,
+     "sse_chunks(data, on_event, read_ns, rx_ns): the leading whole one-event chunks to on_event."},
     {NULL, NULL, 0, NULL},
 };
 

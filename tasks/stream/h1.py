@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tasks.stream import rxclock
+from tasks.stream.reactor import _rx  # the compiled read, or None (tasks/stream/_rx.c)
 
 __all__ = ["ProtocolError", "Response", "Sink"]
 
@@ -63,6 +64,7 @@ class Response(asyncio.Protocol):
         self._left = 0
         self._head: asyncio.Future[None] | None = None
         self._sink: Sink | None = None
+        self._events: tuple[Any, Callable[[bytes, int, int | None], None]] | None = None  # consume's
         self._early: list[tuple[bytes, int, int | None]] = []  # body pieces before a sink came
         self._read_ns, self._rx_ns = 0, None  # the stamps of the read being framed
         self._total, self._ended = 0, False  # body bytes so far; the body ended as framed
@@ -87,6 +89,16 @@ class Response(asyncio.Protocol):
             # "A read of one whole chunk in one step"); whatever is not a whole chunk with a plain
             # size (a part, an extension, the last chunk) goes on to the general framing below.
             pos, n = 0, len(data)
+            events = self._events
+            if events is not None and events[0].idle:  # compiled: chunks of one event each
+                try:
+                    pos, size = _rx.sse_chunks(data, events[1], read_ns, rx_ns)
+                except Exception as exc:  # noqa: BLE001 - the reader's, raised by consume
+                    self._fail(exc)
+                    return
+                self._total += size
+                if pos == n:
+                    return
             while True:
                 end = data.find(b"\r\n", pos)
                 if end <= pos:
@@ -268,10 +280,19 @@ class Response(asyncio.Protocol):
         self.transport.write(request)
         return self._head
 
-    async def consume(self, sink: Sink, timeout_s: float) -> None:
+    async def consume(
+        self,
+        sink: Sink,
+        timeout_s: float,
+        events: tuple[Any, Callable[[bytes, int, int | None], None]] | None = None,
+    ) -> None:
         """Hand the body to ``sink`` (:data:`Sink`), each piece in the loop callback of the read
         that delivered it (pieces that came with the head first, with their own reads' stamps),
-        and return when the body has ended. Raises the response's failure: ``ConnectionError``,
+        and return when the body has ended. ``events``: when ``sink`` is an SSE framer's
+        (``tasks.stream.sse.SSEFramer``), ``(the framer, its on_event)``: while the framer holds
+        nothing (``idle``), the whole chunks of a read that are each one one-line ``data:`` event
+        go straight to ``on_event`` (``tasks/stream/_rx.c``'s ``sse_chunks``, where it was built),
+        as the framer would hand them on. Raises the response's failure: ``ConnectionError``,
         :class:`ProtocolError`, ``TimeoutError`` for a body without new bytes for ``timeout_s``
         (1 to 1.5 ``timeout_s`` after its last byte: one look per half bound, no timer per
         read), or whatever ``sink`` raised (the connection is then closed)."""
@@ -283,13 +304,14 @@ class Response(asyncio.Protocol):
             self._fail(exc)
         if not self._ended and self._error is None:
             self._sink = sink
+            self._events = events if _rx is not None else None
             self._waiter = asyncio.get_running_loop().create_future()
             watch = _Stall(self, timeout_s)
             try:
                 await self._waiter
             finally:
                 watch.cancel()
-                self._sink = None
+                self._sink = self._events = None
         if self._error is not None:
             raise self._error
 

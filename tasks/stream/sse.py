@@ -47,6 +47,12 @@ class SSEFramer:
         self._data: list[bytes] = []  # the data lines of the event being read
         self._on_event = on_event
 
+    @property
+    def idle(self) -> bool:
+        """Nothing is held (no part of a line, no data line of an unfinished event): a block
+        that is one whole ``data: ...`` event is then handed on as that event."""
+        return not self._pending and not self._data
+
     def sink(self, block: bytes, read_ns: int, rx_ns: int | None) -> None:
         """Frame ``block`` (the body's next bytes, delivered by the read stamped ``read_ns`` /
         ``rx_ns``) and hand every event it completes to ``on_event``."""

@@ -265,7 +265,7 @@ async def read_sse(
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True
         state["sent_ns"] = response.sent_ns
-        await response.consume(framer.sink, timeout_s)
+        await response.consume(framer.sink, timeout_s, (framer, on_event))
     except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
         if isinstance(exc, TimeoutError):

@@ -107,40 +107,97 @@ static int read_one(int fd, PyObject *entry) {
     return 0;
 }
 
-static PyObject *drain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 2 || !PyDict_Check(args[1])) {
-        PyErr_SetString(PyExc_TypeError, "drain(epfd: int, handlers: dict)");
-        return NULL;
-    }
-    long epfd = PyLong_AsLong(args[0]);
-    if (epfd == -1 && PyErr_Occurred())
-        return NULL;
+/* One pass: every connection ready now read once; -1 with an exception set. */
+static int read_ready_once(int epfd, PyObject *handlers) {
     struct epoll_event events[MAX_EVENTS];
-    int ready = epoll_wait((int)epfd, events, MAX_EVENTS, 0);
+    int ready = epoll_wait(epfd, events, MAX_EVENTS, 0);
     if (ready < 0) {
         if (errno == EINTR)
-            Py_RETURN_NONE;
-        return PyErr_SetFromErrno(PyExc_OSError);
+            return 0;
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
     }
     for (int i = 0; i < ready; i++) {
         PyObject *key = PyLong_FromLong(events[i].data.fd);
         if (key == NULL)
-            return NULL;
-        PyObject *entry = PyDict_GetItemWithError(args[1], key); /* borrowed */
+            return -1;
+        PyObject *entry = PyDict_GetItemWithError(handlers, key); /* borrowed */
         Py_DECREF(key);
         if (entry == NULL) {
             if (PyErr_Occurred())
-                return NULL;
+                return -1;
             continue; /* closed during this turn */
         }
         if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) != 3) {
             PyErr_SetString(PyExc_TypeError, "a handler is (sock, protocol, transport)");
-            return NULL;
+            return -1;
         }
         Py_INCREF(entry); /* a callback may remove it from handlers */
         int failed = read_one(events[i].data.fd, entry);
         Py_DECREF(entry);
         if (failed)
+            return -1;
+    }
+    return 0;
+}
+
+static long long monotonic_ns(void) {
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (long long)now.tv_sec * 1000000000LL + now.tv_nsec;
+}
+
+/* drain(epfd, handlers, loop_epfd=-1, ready=None, deadline_ns=0): one pass (read_ready_once);
+ * then, given the event loop's own epoll (loop_epfd, where epfd is one of its readers), the
+ * loop's queue of ready callbacks (ready) and an instant on CLOCK_MONOTONIC (deadline_ns: the
+ * loop's next timer, or a bound), it waits in the loop's epoll as the loop would, and while what
+ * becomes ready there is only epfd it reads again here: the same reads, as soon as their bytes
+ * come, without the loop's turn for each (README "Waiting in the reactor"). It returns to the
+ * loop as soon as anything else is ready (another reader: the lag probe's pipe, a signal's
+ * wake-up, a TLS socket), a callback was queued (ready not empty: a response ended), the
+ * deadline passed or a signal's handler is due. The GIL is released while it waits. */
+static PyObject *drain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ssize_t nargs) {
+    if ((nargs != 2 && nargs != 5) || !PyDict_Check(args[1])) {
+        PyErr_SetString(PyExc_TypeError, "drain(epfd, handlers[, loop_epfd, ready, deadline_ns])");
+        return NULL;
+    }
+    int epfd = (int)PyLong_AsLong(args[0]);
+    if (epfd == -1 && PyErr_Occurred())
+        return NULL;
+    if (read_ready_once(epfd, args[1]) < 0)
+        return NULL;
+    if (nargs == 2)
+        Py_RETURN_NONE;
+    int loop_epfd = (int)PyLong_AsLong(args[2]);
+    long long deadline_ns = PyLong_AsLongLong(args[4]);
+    if (PyErr_Occurred())
+        return NULL;
+    PyObject *ready = args[3];
+    while (loop_epfd >= 0) {
+        Py_ssize_t queued = PyObject_Length(ready);
+        if (queued != 0) {
+            if (queued < 0)
+                return NULL;
+            break;
+        }
+        long long left_ns = deadline_ns - monotonic_ns();
+        if (left_ns <= 0)
+            break;
+        struct timespec timeout = {left_ns / 1000000000LL, left_ns % 1000000000LL};
+        struct epoll_event events[8];
+        int count;
+        Py_BEGIN_ALLOW_THREADS
+        count = epoll_pwait2(loop_epfd, events, 8, &timeout, NULL);
+        Py_END_ALLOW_THREADS
+        if (count <= 0)
+            break; /* the deadline, or interrupted: the loop's turn */
+        int only_ours = 1;
+        for (int i = 0; i < count; i++)
+            if (events[i].data.fd != epfd)
+                only_ours = 0;
+        if (!only_ours)
+            break;
+        if (PyErr_CheckSignals() < 0 || read_ready_once(epfd, args[1]) < 0)
             return NULL;
     }
     Py_RETURN_NONE;
@@ -206,7 +263,8 @@ static PyObject *sse_chunks(PyObject *Py_UNUSED(module), PyObject *const *args, 
 
 static PyMethodDef methods[] = {
     {"drain", (PyCFunction)(void (*)(void))drain, METH_FASTCALL,
-     "drain(epfd, handlers): read every ready connection once and hand its bytes on."},
+     "drain(epfd, handlers[, loop_epfd, ready, deadline_ns]): read every ready connection and hand "
+     "its bytes on; with the loop's epoll, go on reading while nothing else is due."},
     {"sse_chunks", (PyCFunction)(void (*)(void))sse_chunks, METH_FASTCALL,
      "sse_chunks(data, on_event, read_ns, rx_ns): the leading whole one-event chunks to on_event."},
     {NULL, NULL, 0, NULL},

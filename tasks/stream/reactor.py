@@ -44,6 +44,9 @@ SUPPORTED = hasattr(select, "epoll")
 READ_BYTES = 256 * 1024
 #: Whether the compiled read (``tasks/stream/_rx.c``) was built and is used.
 COMPILED = _rx is not None
+#: The longest the compiled read goes on waiting for bytes in one loop turn (s), when nothing
+#: else comes due on the loop before.
+WAIT_BOUND_S = 0.002
 
 
 class Reactor:
@@ -63,7 +66,11 @@ class Reactor:
         self._buffer = bytearray(READ_BYTES)
         self._view = memoryview(self._buffer)
         self._epfd = self._epoll.fileno()
-        loop.add_reader(self._epfd, self.read_ready)
+        # The loop's own epoll, where the compiled read waits while nothing else is due
+        # (_rx.c's drain; README "Waiting in the reactor"); -1: another loop (uvloop), no wait.
+        inner = getattr(getattr(loop, "_selector", None), "_selector", None)
+        self._loop_epfd = inner.fileno() if isinstance(inner, select.epoll) else -1
+        loop.add_reader(self._epfd, self._turn)
 
     async def connect(self, sock: socket.socket, address: Any, protocol: asyncio.Protocol) -> PlainTransport:
         """Connect the non-blocking ``sock`` to ``address`` and read it for ``protocol``. The
@@ -77,6 +84,20 @@ class Reactor:
         await self._loop.sock_connect(sock, address)
         self.read_ready()
         return PlainTransport(self, sock, protocol)
+
+    def _turn(self) -> None:
+        """The loop's call when a connection is readable: read every ready one and, compiled,
+        go on reading as their bytes come until anything else is due on the loop (its next
+        timer, a queued callback, another reader) or :data:`WAIT_BOUND_S` has passed."""
+        if _rx is None or self._loop_epfd < 0:
+            self.read_ready()
+            return
+        loop = self._loop
+        scheduled = loop._scheduled  # type: ignore[attr-defined]  # asyncio's timers (a heap)
+        until = loop.time() + WAIT_BOUND_S
+        if scheduled and scheduled[0]._when < until:
+            until = scheduled[0]._when
+        _rx.drain(self._epfd, self._handlers, self._loop_epfd, loop._ready, int(until * 1e9))  # type: ignore[attr-defined]
 
     def read_ready(self) -> None:
         """Read every connection that has bytes waiting (one ``recv`` each): compiled, or here."""

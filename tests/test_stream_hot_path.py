@@ -353,3 +353,73 @@ def test_the_compiled_short_path_hands_on_what_the_framing_does(cut, monkeypatch
         b"[DONE]",
     ]
     assert python[2]  # the body ended
+
+
+def test_the_compiled_read_waits_only_while_nothing_else_is_due() -> None:
+    """``_rx.drain`` with the loop's epoll (``tasks.stream.reactor.Reactor._turn``): while only the
+    reactor's connections become ready it goes on reading them as their bytes come, up to its
+    deadline; a queued callback or another of the loop's readers ready ends the wait at once."""
+    import collections
+    import select
+    import socket
+    import threading
+
+    from tasks.stream import reactor
+
+    if not reactor.COMPILED:
+        pytest.skip("the compiled read was not built here (tests/test_h1.py says why)")
+    loop_epoll, reactor_epoll = select.epoll(), select.epoll()
+    loop_epoll.register(reactor_epoll.fileno(), select.EPOLLIN)
+    ours, server = socket.socketpair()
+    ours.setblocking(False)
+    reactor_epoll.register(ours.fileno(), select.EPOLLIN)
+    other_r, other_w = socket.socketpair()  # another reader of the loop (the lag probe's pipe)
+    loop_epoll.register(other_r.fileno(), select.EPOLLIN)
+    reads: list[bytes] = []
+
+    class Protocol:
+        def data_received(self, data: bytes) -> None:
+            reads.append(data)
+
+    handlers = {ours.fileno(): (None, Protocol(), None)}
+
+    def drain(ready: collections.deque, within_s: float) -> float:
+        start = time.monotonic()
+        deadline_ns = time.monotonic_ns() + round(within_s * 1e9)
+        reactor._rx.drain(reactor_epoll.fileno(), handlers, loop_epoll.fileno(), ready, deadline_ns)
+        return time.monotonic() - start
+
+    def write_every(gap_s: float, times: int) -> threading.Thread:
+        def run() -> None:
+            for _ in range(times):
+                server.send(b"x")
+                time.sleep(gap_s)
+
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        # only its connection: bytes every 5 ms are read as they come until the deadline
+        writer = write_every(0.005, 20)
+        took_s = drain(collections.deque(), 0.06)
+        writer.join()
+        assert 0.055 <= took_s < 1.0 and len(reads) >= 6, (took_s, len(reads))
+        # a callback queued on the loop: one pass, no wait (the deadline is 10 s away)
+        reads.clear()
+        server.send(b"y")
+        time.sleep(0.01)
+        assert (
+            drain(collections.deque([object()]), 10.0) < 1.0 and len(reads) == 1 and reads[0].endswith(b"y")
+        )
+        # another reader ready: back to the loop at once
+        other_w.send(b"!")
+        assert drain(collections.deque(), 10.0) < 1.0
+        other_r.recv(1)
+        # nothing at all: back at the deadline
+        assert 0.02 <= drain(collections.deque(), 0.02) < 1.0
+    finally:
+        for sock in (ours, server, other_r, other_w):
+            sock.close()
+        loop_epoll.close()
+        reactor_epoll.close()

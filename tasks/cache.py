@@ -312,3 +312,24 @@ class ExpectedCache:
             )
             cached, total = cached + hit, total + seen
         return out | {"expected_cached_token_fraction": cached / total if total else None}
+
+
+def warn_unexpected_hits(metrics: Mapping[str, Any], index: int, logger: Any) -> None:
+    """Warn (``logger``, a logging.Logger or adapter) when level ``index`` of a workload built
+    to share nothing found its prompts in the server's cache: its TTFT describes the cache, not
+    the server (vLLM PR #53920)."""
+    if metrics.get("expected_cached_token_fraction") != 0.0:
+        return
+    for name in ("prefix_cache_hit_rate", "cached_token_fraction"):
+        value = metrics.get(name)
+        if value is not None and value >= UNEXPECTED_HIT_RATE:
+            logger.warning(
+                "level %d shares nothing by construction, but %s = %.1f %% (>= %g %%): the server "
+                "had these prompts cached, so its TTFT describes the cache (reset it between runs, "
+                "or let infermeter salt the prompts: no fixed --salt)",
+                index,
+                name,
+                100 * value,
+                100 * UNEXPECTED_HIT_RATE,
+            )
+            return

@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 from tasks.config import EndpointConfig, ServerConfig
-from tasks.server import embedded_server
+from tasks.engines.server import embedded_server
 
 EMBEDDED_KEY_ENV = "INFERMETER_EMBEDDED_API_KEY"
 NO_KEY = "EMPTY"  # the openai client insists on a key string; servers without auth ignore it
@@ -36,6 +36,9 @@ class Endpoint:
     tokenizer: str  # model spec whose tokenizer counts output tokens when usage is missing
     model_sha256: str | None = None
     request_timeout_s: float = 120.0
+    #: the embedded server's process (None for a configured base_url): requests refused or cut
+    #: after its death are ``server_died``, not connection errors (tasks.engines.death)
+    server_pid: int | None = None
 
     def api_key(self) -> str:
         """The key from the named environment variable.
@@ -66,7 +69,7 @@ def open_endpoint(
     endpoint: EndpointConfig, server: ServerConfig, server_args: Sequence[str] = ()
 ) -> Iterator[Endpoint]:
     """The configured remote endpoint, or the embedded server started for the block
-    (``server_args``: flags appended to its command, ``tasks.server.embedded_server``).
+    (``server_args``: flags appended to its command, ``tasks.engines.server.embedded_server``).
 
     Raises:
         EndpointError: base_url is set without a model name.
@@ -102,6 +105,7 @@ def open_endpoint(
                 tokenizer=endpoint.tokenizer or server.model,
                 model_sha256=running.model_sha256,
                 request_timeout_s=endpoint.request_timeout_s,
+                server_pid=running.pid,
             )
         finally:
             os.environ.pop(EMBEDDED_KEY_ENV, None)

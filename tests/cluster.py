@@ -12,7 +12,7 @@ server (tests/test_tracking_server.py).
 - :func:`mlflow_server` runs ``<venv>/bin/mlflow server`` on a backend URI with proxied
   artifacts (``--artifacts-destination``), ready once ``/health`` answers.
 
-Both run under :mod:`tasks.lifeline` (like the project's own servers): they die with the
+Both run under :mod:`tasks.engines.lifeline` (like the project's own servers): they die with the
 process that started them however it ends, SIGKILL of pytest included.
 """
 
@@ -32,7 +32,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.server import background_server, free_port
+from tasks.engines.server import background_server, free_port
 
 __all__ = ["PgCluster", "mlflow_server", "pg_bin", "postgres_cluster", "wait_port"]
 
@@ -171,7 +171,7 @@ def postgres_cluster(user: str = "infermeter", password: str = "pw-infermeter") 
         try:
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
-                    [sys.executable, "-P", "-m", "tasks.lifeline", str(watch), *prefix,
+                    [sys.executable, "-P", "-m", "tasks.engines.lifeline", str(watch), *prefix,
                      str(bindir / "postgres"), "-D", str(data), "-p", str(port), "-h", "127.0.0.1",
                      "-k", str(sockets), "-c", "fsync=off", "-c", "max_connections=200"],
                     stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
@@ -207,7 +207,7 @@ def mlflow_server(
     ``MLFLOW_SQLALCHEMYSTORE_POOLCLASS=NullPool``: a new database connection per request).
 
     Raises:
-        tasks.server.ServerStartError: it exited or did not answer in 120 s (with its log).
+        tasks.engines.server.ServerStartError: it exited or did not answer in 120 s (with its log).
     """
     port = port or free_port()
     artifacts_dir.mkdir(parents=True, exist_ok=True)

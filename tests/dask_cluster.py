@@ -3,7 +3,7 @@
 ``python tests/dask_cluster.py SCHEDULER_PORT HTTP_PORT N_WORKERS`` starts a LocalCluster of
 N single-threaded worker processes (with the settings ``tasks.pipeline.fanout`` gives the
 clusters it starts: a point is retried once after its worker dies; workers may spawn) and waits
-until SIGTERM. :func:`dask_cluster` runs it under :func:`tasks.server.background_server`, so
+until SIGTERM. :func:`dask_cluster` runs it under :func:`tasks.engines.server.background_server`, so
 the cluster and its workers stop when the block ends or when pytest dies in any way.
 """
 
@@ -21,7 +21,7 @@ from pathlib import Path
 def dask_cluster(workers: int, folder: Path) -> Iterator[str]:
     """Yield the scheduler address (``tcp://127.0.0.1:PORT``) of a fresh LocalCluster, once
     its ``workers`` workers have joined."""
-    from tasks.server import background_server, free_port
+    from tasks.engines.server import background_server, free_port
 
     scheduler, http = free_port(), free_port()
     command = [sys.executable, str(Path(__file__).resolve()), str(scheduler), str(http), str(workers)]

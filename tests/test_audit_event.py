@@ -291,7 +291,7 @@ def test_an_audit_whose_stream_names_no_scheduler_fails_before_any_run(mlflow_st
 
     from flows.audit import audit
     from tasks.config import load_config
-    from tasks.server import free_port
+    from tasks.engines.server import free_port
 
     cfg = load_config(CONFIGS / "smoke.yaml")
     cfg.name = f"audit-no-scheduler-{uuid.uuid4().hex[:8]}"

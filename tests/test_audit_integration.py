@@ -38,7 +38,7 @@ def smoke_audit(mlflow_store, prefect_server, workdir):
 
     cfg = load_config(CONFIGS / "smoke.yaml")
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr("tasks.server.secrets.token_urlsafe", lambda n: CANARY_KEY)
+        patch.setattr("tasks.engines.server.secrets.token_urlsafe", lambda n: CANARY_KEY)
         state = audit(cfg, return_state=True)
     result = state.result(raise_on_failure=False)
     client = MlflowClient(tracking_uri=mlflow_store[1])

@@ -15,7 +15,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import SweepFlowConfig
-from tasks.server import free_port
+from tasks.engines.server import free_port
 
 try:
     from tests.dask_cluster import dask_cluster

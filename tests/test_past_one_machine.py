@@ -18,7 +18,7 @@ import pytest
 from mlflow.tracking import MlflowClient
 
 from tasks.config import AuditConfig, SweepFlowConfig
-from tasks.server import background_server, free_port
+from tasks.engines.server import background_server, free_port
 
 try:
     from tests.dask_cluster import dask_cluster

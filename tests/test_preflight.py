@@ -33,7 +33,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
 
 @pytest.fixture(scope="module")
 def llama() -> Iterator:
-    from tasks.server import embedded_server
+    from tasks.engines.server import embedded_server
 
     with embedded_server("gguf:default", api_key="right-key", n_ctx=512) as running:
         yield running

@@ -70,7 +70,12 @@ def _journal_lines(tmp_path: Path) -> int:
 
 def _servers(proc: subprocess.Popen) -> list[psutil.Process]:
     """Every descendant of the command that is a server, its watcher, or a client process."""
-    names = ("prefect.server.api.server", "llama_cpp.server", "tasks.lifeline", "multiprocessing.forkserver")
+    names = (
+        "prefect.server.api.server",
+        "llama_cpp.server",
+        "tasks.engines.lifeline",
+        "multiprocessing.forkserver",
+    )
     out = []
     for child in psutil.Process(proc.pid).children(recursive=True):
         try:
@@ -182,6 +187,40 @@ def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     assert "multiprocessing.forkserver" in cmdlines  # the level's client process and its fork server
     os.kill(proc.pid, signal.SIGKILL)
     _assert_all_gone(family, proc)
+
+
+def test_an_embedded_server_killed_mid_stream_is_named_and_the_command_fails(tmp_path) -> None:
+    """SIGSEGV to the embedded llama.cpp server during a 400-request stream (issue 48; what an
+    AMX build did on its first request): before, exit 0 half a second later, "379 of 400
+    requests failed (connection 378, ...)" and "is the server running and the base_url right?".
+    Now the level stops sending, the command exits 1 within seconds naming the signal, the
+    answered requests and the server's log, and blames no connection on the endpoint."""
+    proc, log = _start(
+        ["stream", "--num-requests", "400", "--max-tokens", "16", "--warmup", "0", "--no-track"], tmp_path
+    )
+    _wait_for(proc, log, lambda: _journal_lines(tmp_path) >= 3)
+    family = _servers(proc)
+    (server,) = [p for p in family if p.cmdline()[1:3] == ["-m", "llama_cpp.server"]]  # not its watcher
+    server.send_signal(signal.SIGSEGV)
+    killed = time.monotonic()
+    try:
+        code = proc.wait(timeout=60)
+    finally:
+        _assert_all_gone(family, proc)
+    waited_s = time.monotonic() - killed
+    out = log.read_text()
+    assert code == 1 and waited_s < 60, (code, waited_s, out[-3000:])
+    said = out[out.index("stream failed: ServerDiedError: ") :]
+    assert f"the embedded llamacpp server (pid {server.pid}) died " in said
+    assert "killed by SIGSEGV (a crash inside the engine)" in said and "llamacpp_server.log):" in said
+    assert "is the server running" not in out and "errors_connection" not in out
+    records = [
+        json.loads(line)
+        for line in next((tmp_path / "w").glob("*-stream-*/requests.jsonl")).read_text().splitlines()
+    ]
+    answered = sum(r["error"] is None for r in records)
+    assert f"; {answered} requests answered before it" in said
+    assert {(r["error"] or {}).get("class") for r in records} <= {None, "server_died"} and len(records) < 400
 
 
 def test_a_hung_profile_child_is_stopped_and_the_sweep_goes_on(monkeypatch) -> None:
@@ -296,7 +335,7 @@ def test_sigterm_mid_audit_marks_the_runs_killed(signum, server, tmp_path) -> No
     """SIGTERM during an audit's stream stage (tokenize and profile off, the ground-truth server
     as the endpoint): exit 143, no run left RUNNING, the parent and the stream stage KILLED with
     the journal kept, and the sweep stage never started. SIGKILL (issue 31): the command cannot
-    end its runs; its runs lifeline (tasks.lifeline --runs) ends them KILLED within seconds,
+    end its runs; its runs lifeline (tasks.engines.lifeline --runs) ends them KILLED within seconds,
     naming the process and the records folder, with no other command run (before: RUNNING
     until the next tracked command)."""
     from mlflow.tracking import MlflowClient
@@ -494,7 +533,7 @@ release()
 
 @pytest.mark.parametrize("how", ["kill", "release"])
 def test_the_runs_lifeline_ends_a_sigkilled_owners_runs_and_else_goes_quietly(how, tmp_path) -> None:
-    """``tasks.lifeline --runs`` (issue 31): its owner killed with two runs open, it ends them
+    """``tasks.engines.lifeline --runs`` (issue 31): its owner killed with two runs open, it ends them
     KILLED within seconds, naming the process and the records folder; released by an owner that
     ended its runs, it exits at once, without importing MLflow (it stays light)."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"

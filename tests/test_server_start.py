@@ -1,5 +1,5 @@
 """A server that does not start says what failed (issue 31, item 4): the lines of its log that
-name the error (tasks.server_log.error_lines) come first, in the message's first line too, before
+name the error (tasks.engines.server_log.error_lines) come first, in the message's first line too, before
 the log's tail; before, the message ended with the log's last 20 lines, for llama.cpp's server
 the tail of argparse's help text, while the error was at the log's top."""
 
@@ -9,8 +9,8 @@ import time
 
 import pytest
 
-from tasks.server import ServerStartError, embedded_server
-from tasks.server_log import error_lines
+from tasks.engines.server import ServerStartError, embedded_server
+from tasks.engines.server_log import error_lines
 
 #: What llama-cpp-python 0.3.36's server wrote for ``--n_threads -5`` (its help cut to a few
 #: options): pydantic's validation, then the whole of argparse's help.

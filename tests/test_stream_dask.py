@@ -200,7 +200,7 @@ def test_a_worker_that_cannot_import_infermeter_is_named_before_the_level(tmp_pa
     """Such a worker failed only in its own log, and the level waited 120 s for it."""
     from distributed import Client
 
-    from tasks.server import background_server, free_port
+    from tasks.engines.server import background_server, free_port
 
     port, http, worker_http = free_port(), free_port(), free_port()
     address = f"tcp://127.0.0.1:{port}"

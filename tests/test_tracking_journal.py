@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from mlflow.tracking import MlflowClient
 
-from tasks.server import free_port
+from tasks.engines.server import free_port
 from tasks.tracking import PARENT_TAG, Tracker
 from tasks.tracking.journal import offline_note, pending_entries, short_reason, sync
 from tasks.tracking.sync import journal_replayer

@@ -30,7 +30,7 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks.server import free_port
+from tasks.engines.server import free_port
 from tests.cluster import mlflow_server
 
 try:

@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tasks.config import EndpointConfig, ServerConfig, StreamConfig
-from tasks.server import (
+from tasks.engines.server import (
     EngineNotInstalledError,
     ServerStartError,
     check_engine,

@@ -124,7 +124,7 @@ def check_embedded_engine(config: BaseModel) -> None:
     """When the config starts the embedded server (no endpoint.base_url), fail with one line
     (exit 2) if its engine cannot run here, e.g. vllm without ``.venv-vllm`` (names
     ``make vllm``), before any flow starts."""
-    from tasks.server import ServerStartError, check_engine
+    from tasks.engines.server import ServerStartError, check_engine
 
     if config.endpoint.base_url:
         return

@@ -67,7 +67,7 @@ def local_api_url(startup_timeout_s: float | None = None) -> str:
     none runs (a line on stderr says so: :mod:`flows.prefect_server`).
 
     Raises:
-        tasks.server.ServerStartError: it did not start (the message ends with its log).
+        tasks.engines.server.ServerStartError: it did not start (the message ends with its log).
     """
     from prefect.settings import PREFECT_HOME
 
@@ -88,14 +88,14 @@ def prefect_api(startup_timeout_s: float | None = None) -> Iterator[str]:
     """Yield the API URL flows run against inside the block.
 
     Raises:
-        tasks.server.ServerStartError: the local or temporary server did not start (the
+        tasks.engines.server.ServerStartError: the local or temporary server did not start (the
             message ends with its log).
         ValueError: ``INFERMETER_PREFECT_IDLE_S`` is not a number >= 0.
     """
     import prefect
     from prefect.settings import PREFECT_API_URL
 
-    from tasks.server import background_server, free_port
+    from tasks.engines.server import background_server, free_port
 
     if PREFECT_API_URL.value():
         yield PREFECT_API_URL.value()

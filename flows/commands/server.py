@@ -28,8 +28,8 @@ def command(
 
     Ctrl-C (or SIGTERM) stops it. Without --api-key-env it takes no key.
     """
+    from tasks.engines.server import EngineNotInstalledError, ServerStartError, check_engine, embedded_server
     from tasks.models import ModelSourceError
-    from tasks.server import EngineNotInstalledError, ServerStartError, check_engine, embedded_server
 
     try:
         cfg = ServerConfig(model=model, n_ctx=n_ctx, engine=engine)

@@ -104,7 +104,7 @@ def command(
     no_track: NoTrackOption = False,
 ) -> None:
     """Measure the server under each configuration of a grid; the Pareto front and the best."""
-    from tasks.server import ServerStartError
+    from tasks.engines.server import ServerStartError
     from tasks.tune.grid import TuneInputError, parse_server_params
     from tasks.tune.plan import plan
 

@@ -217,6 +217,7 @@ async def _sweep_points(cfg: SweepConfig, endpoint: Endpoint, points, encode, ke
             key=key,
             on_point=None if keep is None else lambda result: asyncio.to_thread(keep, result),
             warmup=cfg.warmup,
+            server_pid=endpoint.server_pid,
         )
     finally:
         await client.close()

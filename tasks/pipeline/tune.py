@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Any
 
 from tasks.config import TuneFlowConfig
+from tasks.engines.server import ServerStartError
 from tasks.pipeline.capacity import capacity_stage
 from tasks.pipeline.stream import stream_stage
-from tasks.server import ServerStartError
 from tasks.stream.errors import every_request_failed
 from tasks.tracking import Tracker, TrackingTarget
 from tasks.tune.capacities import CapacityOverRepeats, over_repeats

@@ -38,14 +38,24 @@ module sends the request, reads the clock around it and builds the record.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Callable
 from typing import Any
 
 import openai
 
+from tasks.engines.death import server_gone
 from tasks.stream import rxclock
-from tasks.stream.errors import BAD_PAYLOAD, EMPTY_RESPONSE, STREAM_BROKEN, classify
+from tasks.stream.errors import (
+    BAD_PAYLOAD,
+    CONNECTION,
+    EMPTY_RESPONSE,
+    SERVER_DIED,
+    STREAM_BROKEN,
+    classify,
+    server_died_message,
+)
 from tasks.stream.level_result import fill_output_tokens
 from tasks.stream.pool import Pool
 from tasks.stream.records import RequestRecord
@@ -197,6 +207,7 @@ async def stream_chat(
     api_key_env: str | None = None,
     api: str = "chat",
     history: list[dict[str, str]] | None = None,
+    server_pid: int | None = None,
 ) -> RequestRecord:
     """Send one streaming chat request and measure it (see the module docstring).
 
@@ -213,6 +224,11 @@ async def stream_chat(
     from ``choices[].text``) or ``"responses"`` (``/responses``, the Responses API's events:
     :mod:`tasks.stream.responses`); the same definitions and error classes. ``history``: a
     conversation's earlier messages (:func:`build_request`).
+
+    ``server_pid``: the embedded server this command started, where it is the endpoint. A
+    request refused or cut (``connection``, ``stream_broken``) while that process is gone is of
+    the class ``server_died``: the server's death, not the endpoint's address
+    (:mod:`tasks.engines.death`).
     """
     kwargs = build_request(
         model=model,
@@ -261,7 +277,7 @@ async def stream_chat(
         "input_tokens": input_tokens,
     }
     try:
-        return _build_record(
+        record = _build_record(
             state,
             identity,
             end_ns,
@@ -279,6 +295,27 @@ async def stream_chat(
             error_class=BAD_PAYLOAD,
             error_message=f"the stream could not be read into a record: {type(exc).__name__}: {exc}",
         )
+    if server_pid and record.error_class in (CONNECTION, STREAM_BROKEN) and await _gone_soon(server_pid):
+        record.error_class = SERVER_DIED
+        record.error_message = server_died_message(server_pid, record.error_message)
+    return record
+
+
+#: How long a failed request waits for the embedded server's process to be gone: a dying
+#: process's sockets close before it is a zombie (and a SIGSEGV's core dump comes first), so the
+#: client can see the cut a moment before the pid shows the death. Only failed requests wait,
+#: after their times were taken, without blocking the loop.
+DEATH_GRACE_S = 1.0
+
+
+async def _gone_soon(server_pid: int) -> bool:
+    """Whether the server ``server_pid`` is gone, or goes within :data:`DEATH_GRACE_S`."""
+    deadline = time.monotonic() + DEATH_GRACE_S
+    while not server_gone(server_pid):
+        if time.monotonic() >= deadline:
+            return False
+        await asyncio.sleep(0.02)
+    return True
 
 
 def _read_timings(record: RequestRecord, timings: Any) -> None:

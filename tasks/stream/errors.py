@@ -2,9 +2,10 @@
 
 The classes are those of DESIGN.md ("Metric definitions"): a failed request is counted under
 exactly one class, reported as ``errors_<class>`` and in ``error_rate``, and left out of the
-latency percentiles. Two classes are added for what DESIGN.md does not name: ``bad_request``
-(any other 4xx, e.g. 400 "context too long" or 422) and ``unknown`` (an exception nothing here
-recognises; the message names its type).
+latency percentiles. Three classes are added for what DESIGN.md does not name: ``bad_request``
+(any other 4xx, e.g. 400 "context too long" or 422), ``unknown`` (an exception nothing here
+recognises; the message names its type) and ``server_died`` (refused or cut because the
+embedded server this command started had died: set by ``tasks.stream.client.stream_chat``).
 
 The openai client (3.x) sends through ``httpx2``; a transport failure during the request or the
 stream reaches the caller as ``openai.APIConnectionError`` / ``APITimeoutError`` with the httpx2
@@ -38,6 +39,9 @@ EMPTY_RESPONSE = "empty_response"  #: HTTP 200 but no token
 CONNECTION = "connection"  #: refused, DNS failure: the request never reached a server
 BAD_REQUEST = "bad_request"  #: any other 4xx (not in DESIGN.md's list)
 UNKNOWN = "unknown"  #: an exception not recognised here (not in DESIGN.md's list)
+#: refused or cut because the embedded server this command started had died (tasks.engines.death):
+#: the server's death, not the endpoint's address (not in DESIGN.md's list)
+SERVER_DIED = "server_died"
 
 #: Every class, in report order.
 ERROR_CLASSES: tuple[str, ...] = (
@@ -52,6 +56,7 @@ ERROR_CLASSES: tuple[str, ...] = (
     CONNECTION,
     BAD_REQUEST,
     UNKNOWN,
+    SERVER_DIED,
 )
 
 
@@ -249,6 +254,12 @@ def _classify(
         return BAD_PAYLOAD, f"the server sent bytes that are not UTF-8: {exc}"
     text = str(exc)
     return UNKNOWN, f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def server_died_message(server_pid: int, message: str | None) -> str:
+    """A ``server_died`` record's message: the death first, then what the client saw."""
+    saw = f" (the client saw: {message})" if message else ""
+    return f"the embedded server this command started (pid {server_pid}) had died{saw}"
 
 
 def every_request_failed(levels: Iterable[dict]) -> str | None:

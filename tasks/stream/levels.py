@@ -32,12 +32,14 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from tasks import cache, stats
+from tasks.engines.death import server_died_error
 from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import prometheus, quality
 from tasks.stream.dask_cluster import dask_client
 from tasks.stream.dask_load import pooled_workers, run_level_dask
+from tasks.stream.errors import SERVER_DIED
 from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
@@ -128,6 +130,10 @@ def run_levels(
             None: ``tasks.stream.multiproc.auto_processes`` (one per 128 streams).
         on_record: every finished record, as it finishes (the crash-safe journal).
         on_level: every finished level, before the next starts (child runs, plots).
+
+    Raises:
+        ServerDiedError: the embedded server (``settings.server_pid``) died during a level: the
+            levels after it are not run (that level and those before it went to ``on_level``).
         logger: where the warnings go (default ``infermeter.stream``).
         task_runner: ``threads``/None: client processes here; ``dask`` / ``dask:N`` /
             ``dask:ADDRESS`` (``tasks.taskrunner``): every level over Dask workers
@@ -167,6 +173,11 @@ def run_levels(
             done.append(level)
             if on_level is not None:
                 on_level(level)
+            if any(r.error_class == SERVER_DIED for r in level.records):  # no level after it
+                records = [r for each in done for r in each.records]
+                answered = sum(r.succeeded for r in records if not r.warmup)
+                cut = sum(r.error_class == SERVER_DIED for r in records)
+                raise server_died_error(settings.server_pid, answered, cut, f" during level {settings.level}")
     return done
 
 
@@ -233,7 +244,7 @@ def _run_one(
         # said once when the server answered without the route; each level when it did not answer
         cached.said_no_reset = refused[0].startswith("HTTP ")
         logger.warning("%s", cache.reset_refused(refused[0]))
-    _warn_cache(metrics, settings.level, logger)
+    cache.warn_unexpected_hits(metrics, settings.level, logger)
     mismatch = cache.mismatch_warning(metrics, settings.level)
     if mismatch:
         logger.warning("%s", mismatch)
@@ -284,28 +295,6 @@ def _repeat_spread(results: Sequence[LevelResult], goodput: Mapping[str, float] 
         out[f"{name}_repeat_min"] = min(values) if values else None
         out[f"{name}_repeat_max"] = max(values) if values else None
     return out
-
-
-def _warn_cache(
-    metrics: Mapping[str, Any], index: int, logger: logging.Logger | logging.LoggerAdapter
-) -> None:
-    """A level of a workload built to share nothing that found its prompts in the server's
-    cache: its TTFT describes the cache, not the server (vLLM PR #53920)."""
-    if metrics.get("expected_cached_token_fraction") != 0.0:
-        return
-    for name in ("prefix_cache_hit_rate", "cached_token_fraction"):
-        value = metrics.get(name)
-        if value is not None and value >= cache.UNEXPECTED_HIT_RATE:
-            logger.warning(
-                "level %d shares nothing by construction, but %s = %.1f %% (>= %g %%): the server "
-                "had these prompts cached, so its TTFT describes the cache (reset it between runs, "
-                "or let infermeter salt the prompts: no fixed --salt)",
-                index,
-                name,
-                100 * value,
-                100 * cache.UNEXPECTED_HIT_RATE,
-            )
-            return
 
 
 def _level_metrics(

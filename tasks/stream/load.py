@@ -31,6 +31,7 @@ import openai
 
 from tasks.stream import rxclock
 from tasks.stream.client import SSEClient, stream_chat
+from tasks.stream.errors import SERVER_DIED
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.level_result import LevelResult
 from tasks.stream.quality import client_figures
@@ -194,7 +195,9 @@ async def run_level(
         "extra_body": s.extra_body,
         "api_key_env": s.api_key_env,
         "api": s.api,
+        "server_pid": s.server_pid,
     }
+    died: list[bool] = []  # the embedded server died: nothing more is sent (tasks.engines.death)
 
     def keep(record: RequestRecord) -> RequestRecord:
         record.request_rate, record.repeat = s.request_rate, s.repeat
@@ -202,6 +205,8 @@ async def run_level(
             record.prefix_group = s.prompt_groups[s.prompt_index(record.request_id) % len(s.prompt_groups)]
         if on_record is not None:
             on_record(record)
+        if record.error_class == SERVER_DIED:
+            died.append(True)
         return record
 
     for i in range(s.warmup):
@@ -231,6 +236,8 @@ async def run_level(
         async with gate:
             if deadline is not None and time.perf_counter() >= deadline:
                 return  # queued behind the semaphore past the level's time: not sent
+            if died:
+                return  # the server is dead: not sent (the level loop says so)
             if s.sessions:
                 await converse(i)
                 return
@@ -289,6 +296,8 @@ async def run_level(
         for i in mine:
             if deadline is not None and start + offsets[i] >= deadline:
                 break  # arrivals are in time order: every later one is past the deadline too
+            if died:
+                break
             await wait_until(start + offsets[i] - lead.s)
             tasks.append(asyncio.ensure_future(one(i, time.perf_counter())))
         await asyncio.gather(*tasks)

@@ -60,6 +60,9 @@ class LevelSettings:
         sampling: sampling keys sent with each request (``temperature`` ...).
         extra_body: extra request-body fields (``{"ignore_eos": True}``), or None.
         api_key_env: the NAME of the key's variable, for the message of a 401/403.
+        server_pid: the embedded server this command started, where it is the endpoint: a
+            request refused or cut after its death is ``server_died``, and the level stops
+            sending (``tasks.engines.death``).
         lag_tolerance_ms: the client-bound threshold on the event-loop lag's p99 (ms), for
             the user clock; coalesced_tolerance: on the coalesced fraction of the ITL gaps,
             for the kernel clock (``tasks.stream.quality``).
@@ -108,6 +111,7 @@ class LevelSettings:
     sampling: dict[str, Any] | None = None
     extra_body: dict[str, Any] | None = None
     api_key_env: str | None = None
+    server_pid: int | None = None
     lag_tolerance_ms: float = 1.0
     coalesced_tolerance: float = 0.01
     duration_s: float | None = None
@@ -260,6 +264,7 @@ def settings_from_config(cfg: StreamConfig, endpoint: Endpoint, workload: Any) -
         sampling={"temperature": cfg.temperature},
         extra_body={"ignore_eos": True} if (cfg.ignore_eos or cfg.output_len or lens) else None,
         api_key_env=endpoint.api_key_env,
+        server_pid=endpoint.server_pid,
         lag_tolerance_ms=cfg.client_bound_tolerance_ms,
         coalesced_tolerance=cfg.client_bound_coalesced_fraction,
         duration_s=cfg.duration_s,

@@ -26,6 +26,7 @@ async def run_points(
     on_point: Callable[[PointResult], Awaitable[None] | None] | None = None,
     key: Callable[[SweepPoint], str] = SweepPoint.key,
     warmup: int = 1,
+    server_pid: int | None = None,
 ) -> list[PointResult]:
     """Run every point's samples concurrently, at most ``max_concurrency`` requests in flight
     across the whole sweep (sample i of a point with seed + i). ``on_point`` is called (and
@@ -36,6 +37,9 @@ async def run_points(
     it, then sends its samples; that record is the result's ``warmup``, outside the figures (as
     the stream stage's warm-ups), and a deterministic point notes when its cold output differs
     from the warm samples (:func:`tasks.sweep.figures.determinism_note`).
+
+    ``server_pid``: the embedded server, where it is the endpoint: a request refused or cut
+    after its death is ``server_died`` (``tasks.stream.client.stream_chat``).
     """
     gate = asyncio.Semaphore(max_concurrency)
 
@@ -51,6 +55,7 @@ async def run_points(
                 request_id=request_id or f"{key(point)}-{i}",
                 max_concurrency=max_concurrency,
                 api_key_env=api_key_env,
+                server_pid=server_pid,
             )
 
     async def whole(point: SweepPoint) -> PointResult:

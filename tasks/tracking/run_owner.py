@@ -139,7 +139,7 @@ def close_abandoned_runs(client: Any, host: str) -> list[dict]:
 
 def start_runs_lifeline(owner: str, tracking_uri: str, experiment: str) -> Callable[[], None]:
     """Start the watcher that ends this command's runs KILLED should it die with them open
-    (``python -m tasks.lifeline --runs``: it reads a pipe whose write end only this process
+    (``python -m tasks.engines.lifeline --runs``: it reads a pipe whose write end only this process
     holds; the kernel closes it on SIGKILL too). ``owner``: the runs' owner (this process's
     :func:`process_identity`). Returns ``release``: call it once the runs are ended (it says
     ``done`` and closes the pipe; the watcher then exits without importing MLflow). The watcher
@@ -152,7 +152,7 @@ def start_runs_lifeline(owner: str, tracking_uri: str, experiment: str) -> Calla
                 sys.executable,
                 "-P",
                 "-m",
-                "tasks.lifeline",
+                "tasks.engines.lifeline",
                 "--runs",
                 str(watch),
                 owner,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tasks.config import TuneFlowConfig
-from tasks.server import check_engine, vllm_python
+from tasks.engines.server import check_engine, vllm_python
 from tasks.tune.grid import (
     Configuration,
     check_count,

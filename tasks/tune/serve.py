@@ -1,6 +1,6 @@
 """One configuration's server: the embedded engine with its flags, or a user's own command.
 
-Either way the server runs under :func:`tasks.server.background_server`: its own session, its
+Either way the server runs under :func:`tasks.engines.server.background_server`: its own session, its
 whole process tree stopped when the block ends, and the lifeline that stops it when this process
 dies in any way (SIGKILL included). ``server_startup_s`` is the time from the launch until
 ``/v1/models`` first answered 200 (for vLLM it includes its one-time conversion of the GGUF
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from tasks.config import EndpointConfig, ServerConfig
 from tasks.endpoint import Endpoint, EndpointError, open_endpoint
-from tasks.server import background_server, free_port
+from tasks.engines.server import background_server, free_port
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Make a server child die with the command that started it, however that command ends.
 
-``python -m tasks.lifeline FD COMMAND...`` (what :func:`tasks.server.background_server` runs):
+``python -m tasks.engines.lifeline FD COMMAND...`` (what :func:`tasks.engines.server.background_server` runs):
 fork a small watcher, then ``exec`` COMMAND in place (so the server keeps this process's pid,
 and is the leader of the session the caller started it in). The watcher blocks reading FD, the
 read end of a pipe whose only write end the starting command holds. That read returns EOF when
@@ -8,7 +8,7 @@ the command's end is closed: on its clean exit (after it stopped the server itse
 SIGINT/SIGTERM, and on SIGKILL (the kernel closes a dead process's files). On EOF the watcher
 sends SIGTERM to the server's process group, waits up to :data:`GRACE_S`, then SIGKILL.
 
-``python -m tasks.lifeline --runs FD OWNER TRACKING_URI EXPERIMENT`` (what
+``python -m tasks.engines.lifeline --runs FD OWNER TRACKING_URI EXPERIMENT`` (what
 :func:`tasks.tracking.run_owner.start_runs_lifeline` runs, for a command that tracks in its own
 process): the same pipe, for the command's MLflow runs. The command writes ``done`` once its
 parent run is ended; an EOF without it means the command died with its runs open (SIGKILL, the

@@ -1,5 +1,5 @@
 """What a server's log says when the server did not start: the lines that name the error
-(:func:`error_lines`), for :class:`tasks.server.ServerStartError`'s message. A server's log
+(:func:`error_lines`), for :class:`tasks.engines.server.ServerStartError`'s message. A server's log
 often says it at the top and ends with something else: llama-cpp-python's server prints its
 settings' pydantic validation, then the whole of argparse's help. Standard library only.
 """

@@ -18,7 +18,7 @@ Guarantees, both engines: 127.0.0.1 on a free port; the API key is random, known
 process, and reaches the child through its environment, never its command line (so it does not
 show in ``ps`` or in logs); health = ``/v1/models`` answers 200; an early exit or a timeout
 raises ``ServerStartError`` naming the engine, with the log's lines that say what failed
-(:func:`tasks.server_log.error_lines`) and its last lines; on leaving the context
+(:func:`tasks.engines.server_log.error_lines`) and its last lines; on leaving the context
 (also on failure) the server's whole process group and every descendant are stopped (SIGTERM,
 then SIGKILL after a grace period), so nothing is left running.
 
@@ -46,8 +46,9 @@ from pathlib import Path
 
 import psutil
 
+from tasks.engines.death import DeathWatch, ServerDeath, ServerDiedError
+from tasks.engines.server_log import log_excerpt
 from tasks.models import REPO_ROOT, ModelSource, cache_dir, hf_folder, resolve
-from tasks.server_log import log_excerpt
 
 #: engine name (config, CLI) -> server kind (endpoint identity, tags, reports)
 SERVER_KINDS = {"llamacpp": "llama.cpp", "vllm": "vllm"}
@@ -217,7 +218,7 @@ def wait_healthy(
     Raises:
         ServerStartError: ``proc`` exited first, or ``timeout_s`` passed (with ``timeout_hint``).
             The message's first line says what failed where the log names it
-            (:func:`tasks.server_log.error_lines`: ``... before it was healthy: n_threads: Input should be
+            (:func:`tasks.engines.server_log.error_lines`: ``... before it was healthy: n_threads: Input should be
             greater than or equal to 1 ...``); the lines after it name the log, its lines that
             say what failed, and its last lines.
     """
@@ -227,9 +228,9 @@ def wait_healthy(
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             summary, excerpt = log_excerpt(log_path)
+            how = ServerDeath(name, proc.pid, proc.returncode, 0.0, log_path).how()
             raise ServerStartError(
-                f"{name} exited with code {proc.returncode} before it was healthy"
-                f"{f': {summary}' if summary else ''}\n{excerpt}"
+                f"{name} {how} before it was healthy{f': {summary}' if summary else ''}\n{excerpt}"
             )
         try:
             with urllib.request.urlopen(request, timeout=2) as response:
@@ -360,20 +361,25 @@ def background_server(
     """Run ``command`` as a server for the ``with`` block: in its own session (so a Ctrl-C
     at the terminal reaches only us, and we stop it after our own clean-up), output to
     ``log_path``, ready once ``health_url`` answers 200; stopped with its whole process tree.
-    It runs under :mod:`tasks.lifeline`, which stops it too when this process dies in any way
+    From then until the block ends it is watched (:class:`tasks.engines.death.DeathWatch`): a
+    server that exits in between ends the block with :class:`ServerDiedError` (its exit code or
+    signal by name, its log's lines, where the log is), whatever the block raised or returned.
+    It runs under :mod:`tasks.engines.lifeline`, which stops it too when this process dies in any way
     (SIGKILL included) before it could.
 
     Raises:
         ServerStartError: it exited early or did not answer in ``startup_timeout_s`` (the
             message names it and ends with its log's last lines).
+        ServerDiedError: it died after it answered, while the block ran.
     """
     # the lifeline: the server's watcher reads `watch` to EOF, which comes when `hold` closes,
     # also when this process is killed outright (SIGKILL), and then stops the server's group
     watch, hold = os.pipe()  # both close-on-exec: spawned children never hold `hold`
+    started = time.monotonic()
     try:
         with open(log_path, "wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-P", "-m", "tasks.lifeline", str(watch), *command],
+                [sys.executable, "-P", "-m", "tasks.engines.lifeline", str(watch), *command],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -386,11 +392,25 @@ def background_server(
         raise
     finally:
         os.close(watch)
+    lookout = None
     try:
         wait_healthy(name, health_url, api_key, proc, startup_timeout_s, log_path, timeout_hint)
-        yield proc
+        # from now on an exit is a death, named when the block ends (tasks.engines.death)
+        lookout = DeathWatch(name, proc, log_path, started)
+        try:
+            yield proc
+        except Exception as exc:
+            death = lookout.stop()
+            if death is None or (isinstance(exc, ServerDiedError) and exc.death is not None):
+                raise  # not a death, or one the level loop named already (same process)
+            raise death.error(exc) from exc
+        death = lookout.stop()
+        if death is not None:
+            raise death.error()
     finally:
         try:
+            if lookout is not None:
+                lookout.stop()  # before our own stop: that exit is not a death
             _stop(proc)
         finally:
             os.close(hold)

@@ -1,0 +1,222 @@
+"""A server this command started, dead while the command used it: noticed, named, counted.
+
+A server started by :func:`tasks.engines.server.background_server` (the embedded llama.cpp or vLLM
+server, a tune configuration's, Prefect's local API) is watched by a :class:`DeathWatch`
+thread from the moment it answers until the command stops it. An exit in between is a
+:class:`ServerDeath`: its exit code or signal by name, when, and its log. The command then says
+so (:class:`ServerDiedError`, raised when the server's ``with`` block ends, whatever the block
+did) instead of blaming the endpoint's address: before, a llama.cpp server that crashed with
+SIGSEGV on its first request read as "could not connect ... is the server running and the
+base_url right?", 50 of 50 times (issue 48).
+
+The requests are told apart where they are measured (:func:`server_gone`, on the server's pid,
+in every client process): a request refused or cut because that server is gone is of the class
+``server_died`` (:data:`tasks.stream.errors.SERVER_DIED`), not ``connection`` against the
+endpoint; a loopback server we started refuses no connection while it lives, and the request in
+flight at its death is cut by it. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: Seconds between two looks at the server: how late a death is noticed at most.
+POLL_S = 0.1
+#: pid -> its death, for the command's own process (where the watch runs): the level loop names
+#: the signal and the log without waiting for the server's block to end.
+_DEATHS: dict[int, ServerDeath] = {}
+#: What a signal that kills an engine usually means, for the message.
+_SIGNAL_HINTS = {
+    signal.SIGSEGV: "a crash inside the engine",
+    signal.SIGILL: "an instruction this CPU lacks: an engine built for another CPU",
+    signal.SIGBUS: "a crash inside the engine (bad memory access)",
+    signal.SIGABRT: "the engine aborted itself (an assertion)",
+    signal.SIGKILL: "killed from outside: the kernel's out-of-memory killer, or a person",
+    signal.SIGTERM: "stopped from outside",
+}
+
+
+@dataclass(frozen=True)
+class ServerDeath:
+    """A watched server's exit.
+
+    Attributes:
+        name: what it is (``llamacpp server``, ``vllm server``, ``Prefect API server``).
+        pid: its process id.
+        returncode: ``Popen.returncode``: the exit code, or minus the signal that ended it.
+        lived_s: seconds from its start to the moment its exit was noticed (at most
+            :data:`POLL_S` late).
+        log_path: its combined stdout/stderr.
+    """
+
+    name: str
+    pid: int
+    returncode: int
+    lived_s: float
+    log_path: Path
+
+    @property
+    def signal_name(self) -> str | None:
+        """``SIGSEGV`` ... where a signal ended it, else None."""
+        if self.returncode >= 0:
+            return None
+        try:
+            return signal.Signals(-self.returncode).name
+        except ValueError:
+            return f"signal {-self.returncode}"
+
+    def how(self) -> str:
+        """``killed by SIGSEGV (a crash inside the engine)`` or ``exited with code 1``."""
+        if self.returncode >= 0:
+            return f"exited with code {self.returncode}"
+        hint = _SIGNAL_HINTS.get(-self.returncode)
+        return f"killed by {self.signal_name}" + (f" ({hint})" if hint else "")
+
+    def error(self, cause: BaseException | None = None) -> ServerDiedError:
+        """The error the server's block ends with: this death named, with the counts the level
+        loop gave where ``cause`` is its :class:`ServerDiedError` (raised in a process that did
+        not watch the server)."""
+        answered, cut = getattr(cause, "answered", None), getattr(cause, "cut", None)
+        return ServerDiedError(death_message(self, answered, cut), death=self, answered=answered, cut=cut)
+
+
+class ServerDiedError(RuntimeError):
+    """A server this command started died while the command used it.
+
+    Attributes:
+        death: what :class:`DeathWatch` saw (None where only the pid's absence is known: a
+            client process, a Dask worker).
+        answered: measured requests (warm-ups excluded) that succeeded before it, where counted.
+        cut: requests of class ``server_died``, where counted.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        death: ServerDeath | None = None,
+        answered: int | None = None,
+        cut: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.death, self.answered, self.cut = death, answered, cut
+
+
+def death_message(
+    death: ServerDeath, answered: int | None = None, cut: int | None = None, tail: int = 12
+) -> str:
+    """What the command says: ``the embedded llama.cpp server (pid 4242) died 15.2 s after it
+    started: killed by SIGSEGV (a crash inside the engine); 21 requests answered before it, 3
+    refused or cut by its death (class server_died, not counted against the endpoint), the rest
+    not sent``; then the last ``tail`` lines of its log and where the whole log is, and for a
+    crash what to do. (A crash's log says nothing of it: the last lines show what it was doing.)"""
+    counts = ""
+    if answered is not None:
+        counts = f"; {answered} request{'s' if answered != 1 else ''} answered before it"
+        if cut:
+            counts += (
+                f", {cut} refused or cut by its death (class server_died, not counted against the endpoint)"
+            )
+        counts += ", the rest not sent"
+    try:
+        last = death.log_path.read_text(errors="replace").splitlines()[-tail:]
+    except OSError:
+        last = []
+    lines = [
+        f"the embedded {death.name} (pid {death.pid}) died {death.lived_s:.1f} s after it started: {death.how()}{counts}",
+        f"its log ends ({death.log_path}):",
+        *(f"  {line}" for line in last or ["(empty)"]),
+    ]
+    if -death.returncode in (signal.SIGSEGV, signal.SIGILL, signal.SIGBUS):
+        lines.append(
+            "check the engine with `infermeter doctor`; a llama.cpp built for another CPU (or natively, "
+            "INFERMETER_LLAMA_BUILD=native, on a CPU with AMX) is rebuilt portable by `make install`"
+        )
+    return "\n".join(lines)
+
+
+def server_died_error(pid: int | None, answered: int, cut: int, where: str = "") -> ServerDiedError:
+    """The error that ends a stage once the embedded server ``pid`` died in it (the stream's
+    level loop: ``where`` = `` during level 2``): its death named where this process watched it
+    (:func:`died`), else what is known, the pid; with the measured requests answered before it
+    and those it refused or cut."""
+    death = died(pid) if pid else None
+    if death is not None:
+        return ServerDiedError(death_message(death, answered, cut), death=death, answered=answered, cut=cut)
+    return ServerDiedError(
+        f"the embedded server (pid {pid}) died{where}: {answered} requests answered before it, "
+        f"{cut} refused or cut by its death (class server_died), the rest not sent",
+        answered=answered,
+        cut=cut,
+    )
+
+
+def died(pid: int) -> ServerDeath | None:
+    """The death :class:`DeathWatch` saw of ``pid`` in this process, if any."""
+    return _DEATHS.get(pid)
+
+
+def server_gone(pid: int | None) -> bool:
+    """Whether the server ``pid`` is no longer running (gone, or a zombie not yet reaped).
+    False for None. Linux reads /proc; elsewhere a signal 0."""
+    if not pid:
+        return False
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stat:
+            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
+    except FileNotFoundError:
+        return True
+    except OSError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
+class DeathWatch:
+    """A daemon thread that looks at ``proc`` every :data:`POLL_S` s until :meth:`stop`; an exit
+    before that is :attr:`death` (also in :func:`died`, for this process)."""
+
+    def __init__(
+        self, name: str, proc: subprocess.Popen, log_path: Path, started: float | None = None
+    ) -> None:
+        self.name, self.proc, self.log_path = name, proc, log_path
+        self.started = time.monotonic() if started is None else started
+        self.death: ServerDeath | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"death-watch-{proc.pid}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(POLL_S):
+            code = self.proc.poll()
+            if code is not None:
+                self.death = ServerDeath(
+                    self.name, self.proc.pid, code, time.monotonic() - self.started, self.log_path
+                )
+                _DEATHS[self.proc.pid] = self.death
+                return
+
+    def stop(self) -> ServerDeath | None:
+        """Stop watching (before the command stops the server itself); the death seen, if any.
+        A server found dead at this last look counts as dead too."""
+        self._stop.set()
+        self._thread.join()
+        if self.death is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.death = ServerDeath(
+                    self.name, self.proc.pid, code, time.monotonic() - self.started, self.log_path
+                )
+                _DEATHS[self.proc.pid] = self.death
+        return self.death

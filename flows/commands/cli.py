@@ -11,6 +11,7 @@ from flows.commands import (
     capacity,
     compare,
     deploy,
+    doctor,
     history,
     profile,
     server,
@@ -43,6 +44,7 @@ COMMANDS = (
     ("capacity", capacity.command),
     ("tune", tune.command),
     ("sync", sync.command),
+    ("doctor", doctor.command),
 )
 for _name, _callback in COMMANDS:
     app.command(_name)(_callback)

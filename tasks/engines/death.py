@@ -183,6 +183,19 @@ def server_gone(pid: int | None) -> bool:
     return False
 
 
+def gone_within(pid: int, seconds: float) -> bool:
+    """Whether the server ``pid`` is gone, or goes within ``seconds`` (a dying process's
+    sockets close before it is a zombie, a SIGSEGV's core dump first: a client sees the cut a
+    moment before the pid shows the death). Blocks; the stream client has an async twin that
+    yields to its loop (``tasks.stream.client``)."""
+    deadline = time.monotonic() + seconds
+    while not server_gone(pid):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 class DeathWatch:
     """A daemon thread that looks at ``proc`` every :data:`POLL_S` s until :meth:`stop`; an exit
     before that is :attr:`death` (also in :func:`died`, for this process)."""

@@ -64,7 +64,7 @@ def smoke_generation(
         SmokeError: the server did not start, died, or answered without text (the message
             holds the server's own words: its death by signal, its log's lines).
     """
-    from tasks.engines.death import ServerDiedError
+    from tasks.engines.death import ServerDiedError, gone_within
     from tasks.engines.server import ServerStartError, embedded_server
 
     started = time.monotonic()
@@ -88,6 +88,7 @@ def smoke_generation(
                     answer = json.loads(response.read())
             except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError) as exc:
                 answer = {"_failure": f"{type(exc).__name__}: {exc}"}
+                gone_within(server.pid, 5.0)  # a crash: let the block name it (its signal, its log)
             done = time.monotonic()
     except ServerDiedError as exc:
         raise SmokeError(f"the engine died on its first request:\n{exc}") from exc

@@ -1,6 +1,7 @@
 # The two commands a new user needs (see README): `make audit` and `make test`.
 # Both create .venv and install everything on first use; later runs skip the install
-# until pyproject.toml or the compiled stream read (tasks/stream/_rx.c, built by pip) changes.
+# until pyproject.toml, the engine's build (tasks/engines/build.py) or the compiled stream read
+# (tasks/stream/_rx.c, built by pip) changes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python

@@ -19,6 +19,7 @@ from flows.runs import model_label, parent_run, target_label
 from tasks.cache import first_level_figures
 from tasks.config import AuditConfig
 from tasks.endpoint import open_endpoint
+from tasks.engines.death import ServerDiedError, server_gone
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
@@ -72,8 +73,14 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                         failed = "stream" in stages and every_request_failed(stages["stream"]["levels"])
                         if failed:  # its records are kept; a stream that measured nothing failed
                             errors["stream"] = failed
-                    if config.sweep.enabled:
+                    if config.sweep.enabled and server_gone(endpoint.server_pid):
+                        errors["sweep"] = "not run: the embedded server had died (see the stream stage)"
+                    elif config.sweep.enabled:
                         attempt("sweep", lambda: sweep_stage(config.sweep, endpoint, **common))
+            except ServerDiedError as exc:  # named once: by the stage it ended, else here
+                if not any(error.startswith("ServerDiedError") for error in errors.values()):
+                    errors["endpoint"] = f"ServerDiedError: {exc}"
+                    logger.error("endpoint failed: %s", errors["endpoint"])
             except Exception as exc:
                 errors["endpoint"] = f"{type(exc).__name__}: {exc}"
                 logger.error("endpoint failed: %s", errors["endpoint"])

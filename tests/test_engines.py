@@ -46,7 +46,8 @@ def test_amx_features_are_read_from_the_engines_words() -> None:
     assert build.amx_features("CPU : AVX2 = 1 | AMX_INT8 = 0 |") == []
 
 
-def test_the_portable_build_follows_the_cpu_and_never_turns_on_avx512_or_amx() -> None:
+def test_the_portable_build_follows_the_cpu_and_never_turns_on_avx512_or_amx(monkeypatch) -> None:
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
     amx = build.build_settings("portable", build.cpu_flags(SAPPHIRE_RAPIDS), "x86_64")
     haswell = build.build_settings("portable", build.cpu_flags(HASWELL), "x86_64")
     assert amx.cmake_args == haswell.cmake_args and amx.key == haswell.key  # the AMX CPU gets no more
@@ -61,7 +62,10 @@ def test_the_portable_build_follows_the_cpu_and_never_turns_on_avx512_or_amx() -
     assert old.key != haswell.key  # another build, another wheel
 
 
-def test_native_and_other_architectures_keep_ggmls_default_and_a_bad_mode_names_the_variable() -> None:
+def test_native_and_other_architectures_keep_ggmls_default_and_a_bad_mode_names_the_variable(
+    monkeypatch,
+) -> None:
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
     native = build.build_settings("native", build.cpu_flags(SAPPHIRE_RAPIDS), "x86_64")
     assert native.cmake_args == () and native.key != build.build_settings("portable", None, "x86_64").key
     assert "AMX included" in native.describe()
@@ -70,9 +74,24 @@ def test_native_and_other_architectures_keep_ggmls_default_and_a_bad_mode_names_
         build.build_settings("fast")
 
 
+def test_the_users_own_cmake_args_come_after_ours_and_make_another_wheel(monkeypatch) -> None:
+    """A CUDA or BLAS build the user asked for with CMAKE_ARGS is kept, never dropped silently."""
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
+    plain = build.build_settings("portable", build.cpu_flags(HASWELL), "x86_64")
+    monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA=on -DGGML_AVX512=ON")
+    cuda = build.build_settings("portable", build.cpu_flags(HASWELL), "x86_64")
+    assert (
+        cuda.all_cmake_args == (*plain.cmake_args, "-DGGML_CUDA=on", "-DGGML_AVX512=ON")
+        and cuda.key != plain.key
+    )
+    assert cuda.describe().endswith("no AVX-512, no AMX; with CMAKE_ARGS -DGGML_CUDA=on -DGGML_AVX512=ON)")
+    assert build.build_settings("native").all_cmake_args == ("-DGGML_CUDA=on", "-DGGML_AVX512=ON")
+
+
 def test_a_wheel_built_with_other_settings_is_never_reused(tmp_path, monkeypatch) -> None:
     """The cache is keyed by every setting (pip's own is keyed by the version alone: a native
     wheel of the same version came back whatever CMAKE_ARGS said)."""
+    monkeypatch.delenv("CMAKE_ARGS", raising=False)
     monkeypatch.setenv(build.WHEEL_CACHE_ENV, str(tmp_path))
     portable = build.build_settings("portable", build.cpu_flags(HASWELL), "x86_64")
     native = build.build_settings("native", build.cpu_flags(HASWELL), "x86_64")

@@ -64,7 +64,8 @@ def engine_build() -> Check:
     how = "not installed by `make install` (its settings unknown)"
     if installed is not None:
         fields = {k: installed[k] for k in ("requirement", "mode", "machine")}
-        how = build.BuildSettings(**fields, cmake_args=tuple(installed["cmake_args"])).describe()
+        args = {k: tuple(installed.get(k) or ()) for k in ("cmake_args", "user_cmake_args")}
+        how = build.BuildSettings(**fields, **args).describe()
     detail = f"{how}; the engine says: {'AMX ' + ', '.join(amx) if amx else 'no AMX'}"
     cpu_amx = any(f.startswith("amx") for f in build.cpu_flags())
     if amx and cpu_amx:

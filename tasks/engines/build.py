@@ -32,6 +32,7 @@ import json
 import os
 import platform
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -84,8 +85,9 @@ class BuildSettings:
     Attributes:
         requirement: ``llama-cpp-python==X.Y.Z`` (from pyproject.toml's pin).
         mode: ``portable`` or ``native``.
-        cmake_args: the ``CMAKE_ARGS`` pip's build gets, in order.
+        cmake_args: this project's CMake options (the portable build's; none for ``native``).
         machine: ``platform.machine()`` (x86_64, aarch64 ...).
+        user_cmake_args: the ``CMAKE_ARGS`` the user set (a CUDA or BLAS build), after ours.
 
     (No Python version: the wheel is ``py3-none``, the engine is loaded through ctypes.)
     """
@@ -94,6 +96,13 @@ class BuildSettings:
     mode: str
     cmake_args: tuple[str, ...]
     machine: str
+    user_cmake_args: tuple[str, ...] = ()
+
+    @property
+    def all_cmake_args(self) -> tuple[str, ...]:
+        """What pip's build gets as ``CMAKE_ARGS``: ours, then the user's (CMake keeps the last
+        value of an option: theirs win)."""
+        return self.cmake_args + self.user_cmake_args
 
     @property
     def key(self) -> str:
@@ -103,12 +112,13 @@ class BuildSettings:
 
     def describe(self) -> str:
         """One line: ``portable build (GGML_NATIVE=OFF; AVX2 FMA ...; no AVX-512, no AMX)``."""
+        also = f"; with CMAKE_ARGS {' '.join(self.user_cmake_args)}" if self.user_cmake_args else ""
         if self.mode == "native":
-            return "native build (-march=native: every instruction set this CPU has, AMX included)"
+            return f"native build (-march=native: every instruction set this CPU has, AMX included{also})"
+        if not self.cmake_args:
+            return f"ggml's default build for {self.machine}{also}"
         on = [a.split("=")[0].removeprefix("-DGGML_") for a in self.cmake_args if a.endswith("=ON")]
-        if not any("GGML_NATIVE=OFF" in a for a in self.cmake_args):
-            return f"ggml's default build for {self.machine}"
-        return f"portable build (GGML_NATIVE=OFF; {' '.join(on) or 'no SIMD extension'}; no AVX-512, no AMX)"
+        return f"portable build (GGML_NATIVE=OFF; {' '.join(on) or 'no SIMD extension'}; no AVX-512, no AMX{also})"
 
 
 def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
@@ -142,7 +152,9 @@ def build_settings(
     mode: str | None = None, flags: frozenset[str] | None = None, machine: str | None = None
 ) -> BuildSettings:
     """The settings for ``mode`` (default: $INFERMETER_LLAMA_BUILD, else ``portable``) on this
-    CPU (``flags``, ``machine``: given in tests).
+    CPU (``flags``, ``machine``: given in tests). A ``CMAKE_ARGS`` the user set (a CUDA or
+    BLAS build) comes after ours: CMake keeps the last value of an option, so theirs win, and
+    they are part of the wheel's key.
 
     Raises:
         BuildError: an unknown mode (the message names the variable and the choices).
@@ -152,12 +164,13 @@ def build_settings(
         raise BuildError(f"{MODE_ENV}={mode!r}: use one of {', '.join(MODES)} (default portable)")
     machine = machine or platform.machine()
     args: list[str] = []
+    given = shlex.split(os.environ.get("CMAKE_ARGS", ""))  # the user's own (a CUDA build ...)
     if mode == "portable" and machine.lower() in ("x86_64", "amd64"):
         flags = cpu_flags() if flags is None else flags
         args.append("-DGGML_NATIVE=OFF")
         args += [f"-D{option}={'ON' if flag in flags else 'OFF'}" for flag, option in X86_FEATURES]
         args += [f"-D{option}=OFF" for option in X86_OFF]
-    return BuildSettings(llama_requirement(), mode, tuple(args), machine)
+    return BuildSettings(llama_requirement(), mode, tuple(args), machine, tuple(given))
 
 
 def wheel_cache() -> Path:
@@ -188,7 +201,7 @@ def build_wheel(settings: BuildSettings) -> Path:
     target = wheel_cache() / f"{settings.requirement.replace('==', '-')}-{settings.key}"
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
-    env = {**os.environ, "CMAKE_ARGS": " ".join(settings.cmake_args), "FORCE_CMAKE": "1"}
+    env = {**os.environ, "CMAKE_ARGS": " ".join(settings.all_cmake_args), "FORCE_CMAKE": "1"}
     command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps"]
     started = time.monotonic()
     done = subprocess.run(

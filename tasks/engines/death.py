@@ -128,8 +128,13 @@ def death_message(
         last = death.log_path.read_text(errors="replace").splitlines()[-tail:]
     except OSError:
         last = []
+    # "llamacpp server" is ours and embedded; "the server command (vllm)" and "Prefect's
+    # temporary API server" say what they are themselves
+    subject = (
+        death.name if death.name.startswith("the ") or "'s " in death.name else f"the embedded {death.name}"
+    )
     lines = [
-        f"the embedded {death.name} (pid {death.pid}) died {death.lived_s:.1f} s after it started: {death.how()}{counts}",
+        f"{subject} (pid {death.pid}) died {death.lived_s:.1f} s after it started: {death.how()}{counts}",
         f"its log ends ({death.log_path}):",
         *(f"  {line}" for line in last or ["(empty)"]),
     ]
@@ -150,7 +155,7 @@ def server_died_error(pid: int | None, answered: int, cut: int, where: str = "")
     if death is not None:
         return ServerDiedError(death_message(death, answered, cut), death=death, answered=answered, cut=cut)
     return ServerDiedError(
-        f"the embedded server (pid {pid}) died{where}: {answered} requests answered before it, "
+        f"the server this command started (pid {pid}) died{where}: {answered} requests answered before it, "
         f"{cut} refused or cut by its death (class server_died), the rest not sent",
         answered=answered,
         cut=cut,

@@ -74,7 +74,7 @@ def configuration_server(
         startup_timeout_s=server.startup_timeout_s,
         log_path=log_dir / "server.log",
         timeout_hint="raise server.startup_timeout_s",
-    ):
+    ) as proc:
         yield Started(
             Endpoint(
                 base_url=base_url,
@@ -83,6 +83,7 @@ def configuration_server(
                 server_kind="openai-compatible",
                 tokenizer=endpoint.tokenizer or "gguf:default",
                 request_timeout_s=endpoint.request_timeout_s,
+                server_pid=proc.pid,  # its requests after its death are server_died
             ),
             time.perf_counter() - start,
         )

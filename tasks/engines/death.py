@@ -13,18 +13,19 @@ The requests are told apart where they are measured (:func:`server_gone`, on the
 in every client process): a request refused or cut because that server is gone is of the class
 ``server_died`` (:data:`tasks.stream.errors.SERVER_DIED`), not ``connection`` against the
 endpoint; a loopback server we started refuses no connection while it lives, and the request in
-flight at its death is cut by it. Standard library only.
+flight at its death is cut by it. Standard library and psutil.
 """
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 #: Seconds between two looks at the server: how late a death is noticed at most.
 POLL_S = 0.1
@@ -169,23 +170,15 @@ def died(pid: int) -> ServerDeath | None:
 
 def server_gone(pid: int | None) -> bool:
     """Whether the server ``pid`` is no longer running (gone, or a zombie not yet reaped).
-    False for None. Linux reads /proc; elsewhere a signal 0."""
+    False for None."""
     if not pid:
         return False
     try:
-        with open(f"/proc/{pid}/stat", "rb") as stat:
-            return stat.read().rsplit(b")", 1)[1].split()[0] in (b"Z", b"X")
-    except FileNotFoundError:
+        return psutil.Process(pid).status() in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
+    except psutil.NoSuchProcess:
         return True
-    except OSError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
+    except psutil.AccessDenied:  # alive, someone else's
         return False
-    return False
 
 
 def gone_within(pid: int, seconds: float) -> bool:

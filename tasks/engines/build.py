@@ -190,8 +190,9 @@ def cached_wheel(settings: BuildSettings) -> Path | None:
 
 
 def build_wheel(settings: BuildSettings) -> Path:
-    """Build the wheel with ``settings`` (pip's cache off: it would hand back a wheel of the same
-    version built otherwise) and keep it in :func:`wheel_cache`; return its path. Several
+    """Build the wheel with ``settings`` from the source (``--no-binary``: an index of prebuilt
+    wheels would hand back one built otherwise; pip's cache off, for the same reason) and keep it
+    in :func:`wheel_cache`; return its path. Several
     minutes on 2 cores (README). The folder is filled in a temporary sibling and renamed, so an
     interrupted build leaves nothing that looks finished.
 
@@ -202,7 +203,17 @@ def build_wheel(settings: BuildSettings) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
     env = {**os.environ, "CMAKE_ARGS": " ".join(settings.all_cmake_args), "FORCE_CMAKE": "1"}
-    command = [sys.executable, "-m", "pip", "wheel", "--quiet", "--no-cache-dir", "--no-deps"]
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "wheel",
+        "--quiet",
+        "--no-cache-dir",
+        "--no-deps",
+        "--no-binary",
+        "llama-cpp-python",
+    ]
     started = time.monotonic()
     done = subprocess.run(
         [*command, settings.requirement, "-w", str(work)], env=env, capture_output=True, text=True

@@ -26,8 +26,10 @@ def command(
     """Run the embedded server (llama.cpp, or vLLM with --engine vllm) in the foreground
     (127.0.0.1); prints its base_url.
 
-    Ctrl-C (or SIGTERM) stops it. Without --api-key-env it takes no key.
+    Ctrl-C (or SIGTERM) stops it; should it die, the command says how and exits 1. Without
+    --api-key-env it takes no key.
     """
+    from tasks.engines.death import ServerDiedError, server_gone
     from tasks.engines.server import EngineNotInstalledError, ServerStartError, check_engine, embedded_server
     from tasks.models import ModelSourceError
 
@@ -55,12 +57,12 @@ def command(
             console.print(f"base_url: {running.base_url}", highlight=False)
             console.print(f"model: {running.model}", highlight=False)
             console.print("Ctrl-C stops it.")
-            while True:
-                time.sleep(3600)
+            while not server_gone(running.pid):  # a death ends the block: named below
+                time.sleep(0.5)
     except ModelSourceError as exc:
         fail_input(str(exc))
-    except ServerStartError as exc:
-        err_console.print(str(exc), markup=False)
+    except (ServerStartError, ServerDiedError) as exc:
+        err_console.print(str(exc), markup=False, highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
     except KeyboardInterrupt:
         console.print("stopped")

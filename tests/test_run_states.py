@@ -116,6 +116,23 @@ def test_server_command_takes_its_server_with_it(signum, tmp_path) -> None:
         socket.create_connection(("127.0.0.1", port), timeout=5).close()
 
 
+def test_server_command_whose_server_dies_says_so_and_exits_1(tmp_path) -> None:
+    """`infermeter server` whose llama.cpp server is killed (the OOM killer's SIGKILL): the
+    command names the signal and the log and exits 1 (before: it slept on for ever)."""
+    proc, log = _start(["server", "--n-ctx", "512"], tmp_path)
+    _wait_for(proc, log, lambda: "base_url:" in log.read_text())
+    family = _servers(proc)
+    (server,) = [p for p in family if p.cmdline()[1:3] == ["-m", "llama_cpp.server"]]
+    server.kill()
+    try:
+        assert proc.wait(timeout=30) == 1, log.read_text()[-3000:]
+    finally:
+        _assert_all_gone(family, proc)
+    out = log.read_text()
+    assert f"the embedded llamacpp server (pid {server.pid}) died " in out
+    assert "killed by SIGKILL (killed from outside: the kernel's out-of-memory killer, or a person)" in out
+
+
 def test_sigterm_mid_stream_marks_the_runs_killed(server, tmp_path) -> None:
     """SIGTERM (what `timeout` sends) mid-run: exit 143 (128 + 15; before: 130), the message
     names the records folder, the parent and stream runs end KILLED (not RUNNING) with the

@@ -39,7 +39,9 @@ def cpu() -> Check:
         )
     }
     said = ", ".join(f"{name} {'yes' if ok else 'no'}" for name, ok in has.items() if name != "AMX")
-    said += ", AMX advertised (the engine's portable build leaves it out)" if has["AMX"] else ", no AMX"
+    said += (
+        ", AMX advertised (whether the engine uses it: the engine build line)" if has["AMX"] else ", no AMX"
+    )
     detail = f"{cpu_model()}, {os.cpu_count()} threads; {said}"
     if flags and not has["AVX2"]:
         return Check(
@@ -66,7 +68,7 @@ def engine_build() -> Check:
         fields = {k: installed[k] for k in ("requirement", "mode", "machine")}
         args = {k: tuple(installed.get(k) or ()) for k in ("cmake_args", "user_cmake_args")}
         how = build.BuildSettings(**fields, **args).describe()
-    detail = f"{how}; the engine says: {'AMX ' + ', '.join(amx) if amx else 'no AMX'}"
+    detail = f"{how}; the engine says: {'built with ' + ', '.join(amx) if amx else 'no AMX'}"
     cpu_amx = any(f.startswith("amx") for f in build.cpu_flags())
     if amx and cpu_amx:
         return Check(

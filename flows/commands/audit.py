@@ -105,7 +105,7 @@ def command(
         print_verdict(verdict)
     if result["errors"]:
         for stage, message in result["errors"].items():
-            err_console.print(f"stage {stage} failed: {message}", markup=False)
+            err_console.print(f"stage {stage} failed: {message}", markup=False, soft_wrap=True)
         raise typer.Exit(1)
     if state.is_failed():  # fail_on_regression
         raise typer.Exit(1)

@@ -32,6 +32,8 @@ POLL_S = 0.1
 #: pid -> its death, for the command's own process (where the watch runs): the level loop names
 #: the signal and the log without waiting for the server's block to end.
 _DEATHS: dict[int, ServerDeath] = {}
+#: The pids a :class:`DeathWatch` of this process looks at (or looked at until its block ended).
+_WATCHED: set[int] = set()
 #: What a signal that kills an engine usually means, for the message.
 _SIGNAL_HINTS = {
     signal.SIGSEGV: "a crash inside the engine",
@@ -83,8 +85,8 @@ class ServerDeath:
         """The error the server's block ends with: this death named, with the counts the level
         loop gave where ``cause`` is its :class:`ServerDiedError` (raised in a process that did
         not watch the server)."""
-        answered, cut = getattr(cause, "answered", None), getattr(cause, "cut", None)
-        return ServerDiedError(death_message(self, answered, cut), death=self, answered=answered, cut=cut)
+        counts = {k: getattr(cause, k, None) for k in ("answered", "cut", "unsent")}
+        return ServerDiedError(death_message(self, **counts), death=self, **counts)
 
 
 class ServerDiedError(RuntimeError):
@@ -95,6 +97,7 @@ class ServerDiedError(RuntimeError):
             client process, a Dask worker).
         answered: measured requests (warm-ups excluded) that succeeded before it, where counted.
         cut: requests of class ``server_died``, where counted.
+        unsent: requests of the run not sent because of it, where counted.
     """
 
     def __init__(
@@ -104,27 +107,37 @@ class ServerDiedError(RuntimeError):
         death: ServerDeath | None = None,
         answered: int | None = None,
         cut: int | None = None,
+        unsent: int | None = None,
     ) -> None:
         super().__init__(message)
-        self.death, self.answered, self.cut = death, answered, cut
+        self.death, self.answered, self.cut, self.unsent = death, answered, cut, unsent
+
+
+def _counts(answered: int | None, cut: int | None, unsent: int | None) -> str:
+    """``21 requests answered before it, 3 refused or cut by its death (...), 376 not sent``."""
+    if answered is None:
+        return ""
+    said = f"{answered} request{'s' if answered != 1 else ''} answered before it"
+    if cut:
+        said += f", {cut} refused or cut by its death (class server_died, not counted against the endpoint)"
+    return said + (f", {unsent} not sent" if unsent else "")
 
 
 def death_message(
-    death: ServerDeath, answered: int | None = None, cut: int | None = None, tail: int = 12
+    death: ServerDeath,
+    answered: int | None = None,
+    cut: int | None = None,
+    unsent: int | None = None,
+    tail: int = 12,
 ) -> str:
     """What the command says: ``the embedded llama.cpp server (pid 4242) died 15.2 s after it
     started: killed by SIGSEGV (a crash inside the engine); 21 requests answered before it, 3
-    refused or cut by its death (class server_died, not counted against the endpoint), the rest
-    not sent``; then the last ``tail`` lines of its log and where the whole log is, and for a
-    crash what to do. (A crash's log says nothing of it: the last lines show what it was doing.)"""
-    counts = ""
-    if answered is not None:
-        counts = f"; {answered} request{'s' if answered != 1 else ''} answered before it"
-        if cut:
-            counts += (
-                f", {cut} refused or cut by its death (class server_died, not counted against the endpoint)"
-            )
-        counts += ", the rest not sent"
+    refused or cut by its death (class server_died, not counted against the endpoint), 376 not
+    sent`` (the counts where the stage gave them); then the last ``tail`` lines of its log and
+    where the whole log is, and for a crash what to do. (A crash's log says nothing of it: the
+    last lines show what it was doing.)"""
+    counts = _counts(answered, cut, unsent)
+    counts = f"; {counts}" if counts else ""
     try:
         last = death.log_path.read_text(errors="replace").splitlines()[-tail:]
     except OSError:
@@ -147,24 +160,28 @@ def death_message(
     return "\n".join(lines)
 
 
-def server_died_error(pid: int | None, answered: int, cut: int, where: str = "") -> ServerDiedError:
-    """The error that ends a stage once the embedded server ``pid`` died in it (the stream's
-    level loop: ``where`` = `` during level 2``): its death named where this process watched it
-    (:func:`died`), else what is known, the pid; with the measured requests answered before it
-    and those it refused or cut."""
-    death = died(pid) if pid else None
+def server_died_error(
+    pid: int | None, answered: int, cut: int, where: str = "", unsent: int | None = None
+) -> ServerDiedError:
+    """The error that ends a stage once the embedded server ``pid`` died in it (``where``: the
+    stream's `` during level 2``, the sweep's `` during the sweep``): its death named where this
+    process watched it (:func:`died`), else what is known, the pid; with the measured requests
+    answered before it, those it refused or cut, and those not sent because of it."""
+    death = died(pid, wait_s=2.0) if pid else None
+    counts = {"answered": answered, "cut": cut, "unsent": unsent}
     if death is not None:
-        return ServerDiedError(death_message(death, answered, cut), death=death, answered=answered, cut=cut)
-    return ServerDiedError(
-        f"the server this command started (pid {pid}) died{where}: {answered} requests answered before it, "
-        f"{cut} refused or cut by its death (class server_died), the rest not sent",
-        answered=answered,
-        cut=cut,
-    )
+        return ServerDiedError(death_message(death, **counts), death=death, **counts)
+    said = _counts(answered, cut, unsent)
+    return ServerDiedError(f"the server this command started (pid {pid}) died{where}: {said}", **counts)
 
 
-def died(pid: int) -> ServerDeath | None:
-    """The death :class:`DeathWatch` saw of ``pid`` in this process, if any."""
+def died(pid: int, wait_s: float = 0.0) -> ServerDeath | None:
+    """The death :class:`DeathWatch` saw of ``pid`` in this process, if any. ``wait_s``: where
+    this process watches ``pid``, how long to give its watch to see a death the requests saw
+    first (it looks every :data:`POLL_S`)."""
+    deadline = time.monotonic() + wait_s
+    while pid not in _DEATHS and pid in _WATCHED and time.monotonic() < deadline:
+        time.sleep(POLL_S / 4)
     return _DEATHS.get(pid)
 
 
@@ -204,6 +221,7 @@ class DeathWatch:
         self.name, self.proc, self.log_path = name, proc, log_path
         self.started = time.monotonic() if started is None else started
         self.death: ServerDeath | None = None
+        _WATCHED.add(proc.pid)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"death-watch-{proc.pid}", daemon=True)
         self._thread.start()

@@ -13,6 +13,7 @@ from prefect import task
 from tasks import asyncrun, tokenizers
 from tasks.config import SweepConfig
 from tasks.endpoint import Endpoint
+from tasks.engines.death import server_died_error
 from tasks.pipeline.common import STAGE, StageRun
 from tasks.pipeline.fanout import (
     PointFailure,
@@ -23,6 +24,7 @@ from tasks.pipeline.fanout import (
 )
 from tasks.report import distribution_plots
 from tasks.report import plots as plots_module
+from tasks.stream.errors import SERVER_DIED
 from tasks.stream.load import connect
 from tasks.stream.settings import Connection
 from tasks.sweep import (
@@ -132,6 +134,11 @@ def sweep_stage(
             run.tracker.log_artifact(run.run_id, chart, "plots")
         headline = sweep_headline(outcomes)
         run.tracker.log_metrics(run.run_id, headline)
+        records = [r for result, _ in finished.values() for r in result.records]
+        cut = sum(r.error_class == SERVER_DIED for r in records)
+        if cut:  # the points are kept (above); the stage ends naming the death
+            answered = sum(r.succeeded for r in records)
+            raise server_died_error(endpoint.server_pid, answered, cut, " during the sweep")
         out_keys = {"points": out, "headline": headline, "identity": identity, "mlflow_run_id": run.run_id}
         return out_keys if distribution is None else {**out_keys, "distribution": distribution}
 

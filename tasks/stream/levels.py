@@ -177,7 +177,11 @@ def run_levels(
                 records = [r for each in done for r in each.records]
                 answered = sum(r.succeeded for r in records if not r.warmup)
                 cut = sum(r.error_class == SERVER_DIED for r in records)
-                raise server_died_error(settings.server_pid, answered, cut, f" during level {settings.level}")
+                sent = sum(not r.warmup for r in level.records)  # (a conversation's turns: more)
+                unsent = max(0, settings.num_requests * settings.repeats - sent)
+                unsent += sum(later.num_requests * later.repeats for later in levels[len(done) :])
+                where = f" during level {settings.level}"
+                raise server_died_error(settings.server_pid, answered, cut, where, unsent)
     return done
 
 

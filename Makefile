@@ -38,10 +38,16 @@ $(STAMP): pyproject.toml tasks/stream/_rx.c tasks/engines/build.py
 # 4 requests 5.3 -> 4.3 s: tests/benchmarks/command_phases.py).
 COMPILE := $(PY) -m compileall -q -j 0 tasks flows tests
 
+# The engine again where its settings changed since the install (INFERMETER_LLAMA_BUILD set or
+# unset, CMAKE_ARGS): nothing otherwise (tasks/engines/build.py --if-changed, 0.1 s).
+ENGINE := $(PY) -m tasks.engines.build --if-changed
+
 install: $(STAMP)
+	$(ENGINE)
 	$(COMPILE)
 
 audit: $(STAMP)
+	$(ENGINE)
 	$(COMPILE)
 	$(VENV)/bin/infermeter audit --config configs/default.yaml
 
@@ -51,6 +57,7 @@ doctor: $(STAMP)
 	$(VENV)/bin/infermeter doctor
 
 test: $(STAMP)
+	$(ENGINE)
 	$(COMPILE)
 	$(PY) -m pytest
 

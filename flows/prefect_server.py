@@ -74,7 +74,10 @@ class LocalServer:
         pid: the server's process id.
         prefect_version: ``prefect.__version__`` of the server (a command of another version
             starts its own: the database schema follows the version).
-        python: the interpreter it runs under (another virtual environment starts its own).
+        python: the interpreter it runs under. Another virtual environment of the same Prefect
+            version (a second clone: a user's and CI's) uses it too: replacing it would end the
+            server under the other clone's command mid-run (seen: an audit's task runs lost
+            their API when a second clone's command started).
     """
 
     url: str
@@ -163,10 +166,10 @@ def _locked(home: Path, blocking: bool = True) -> Iterator[bool]:
 
 def running_server(home: Path) -> LocalServer | None:
     """The server ``home``'s state file names, when it is alive, answers, and runs this
-    Prefect version under this Python; else None. The check is a request, so it also resets
+    Prefect version (under any Python); else None. The check is a request, so it also resets
     the server's idle clock."""
     state = _read_state(home)
-    if state is None or (state.prefect_version, state.python) != _this_prefect():
+    if state is None or state.prefect_version != _this_prefect()[0]:
         return None
     return state if _alive(state.pid) and _answers(state.url) else None
 

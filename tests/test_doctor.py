@@ -12,6 +12,7 @@ from pathlib import Path
 
 from tasks.doctor import Check, run_checks
 from tasks.doctor.checks import proxy
+from tasks.engines.loopback import keep_loopback_off_proxies
 
 BIN = Path(sys.executable).parent / "infermeter"
 NAMES = [
@@ -73,7 +74,19 @@ def test_a_proxy_without_loopback_in_no_proxy_is_a_warning_with_its_fix(monkeypa
     warned = proxy()
     assert warned.status == "warn" and warned.fix.startswith("export NO_PROXY=127.0.0.1,localhost")
     monkeypatch.setenv("NO_PROXY", "internal.example, 127.0.0.1")
+    assert proxy().status == "warn"  # localhost still goes to the proxy
+    keep_loopback_off_proxies()  # what every entry point does (flows/__init__.py)
+    assert os.environ["NO_PROXY"] == os.environ["no_proxy"] == "internal.example,127.0.0.1,localhost,::1"
     assert proxy().status == "ok"
+
+
+def test_loopback_is_added_to_no_proxy_only_where_a_proxy_is_set() -> None:
+    environ = {"NO_PROXY": "a.example"}
+    keep_loopback_off_proxies(environ)
+    assert environ == {"NO_PROXY": "a.example"}
+    environ = {"http_proxy": "http://p:3128", "no_proxy": "b.example", "NO_PROXY": "a.example,localhost"}
+    keep_loopback_off_proxies(environ)
+    assert environ["NO_PROXY"] == environ["no_proxy"] == "a.example,localhost,b.example,127.0.0.1,::1"
 
 
 def test_a_check_that_breaks_is_a_failed_check_and_the_others_still_run() -> None:

@@ -102,6 +102,11 @@ def test_commands_share_one_server_that_records_every_flow_run(server, tmp_path)
 
     runs = _flow_runs(first.url)
     assert len(runs) == 3 and {run["state_type"] for run in runs} == {"COMPLETED"}, runs
+    # a second clone's environment (another Python, the same Prefect) uses the running server:
+    # replacing it had ended it under the first clone's command mid-run
+    state = json.loads((home / STATE).read_text())
+    (home / STATE).write_text(json.dumps({**state, "python": "/elsewhere/clone/.venv/bin/python"}))
+    assert running_server(home).pid == first.pid
     assert stop_server(home) and _gone(first.pid) and not (home / STATE).exists()
 
 

@@ -20,11 +20,33 @@ def prefect_api_check() -> Check:
     """Prefect's API the commands use (``PREFECT_API_URL``, else infermeter's local server,
     started or reused as a command would): it answers its health check and takes a write (the
     flow ``infermeter-doctor`` registered, idempotent)."""
+    import os
+    import urllib.error
+    import urllib.request
+
     from prefect.client.orchestration import get_client
 
     from flows.commands.prefect_api import prefect_api
 
-    fix = "unset PREFECT_API_URL for infermeter's local server, or start yours: prefect server start"
+    given = os.environ.get("PREFECT_API_URL")
+    if given:  # one bounded look first: the client's own retries wait minutes on a silent server
+        try:
+            with urllib.request.urlopen(f"{given.rstrip('/')}/health", timeout=10):
+                pass
+        except (urllib.error.URLError, OSError, ValueError) as exc:
+            reason = getattr(exc, "reason", exc)
+            return Check(
+                "Prefect API",
+                "fail",
+                f"PREFECT_API_URL {given}: /health does not answer ({reason})",
+                "start that server (prefect server start) or unset PREFECT_API_URL for infermeter's own",
+            )
+    fix = (
+        "start your server (prefect server start) or unset PREFECT_API_URL for infermeter's own"
+        if given
+        else "infermeter's own server keeps its database in PREFECT_HOME (default ~/.prefect): "
+        "set PREFECT_HOME to a writable folder"
+    )
     try:
         with prefect_api() as url, get_client(sync_client=True) as client:
             failure = client.api_healthcheck()

@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,10 +58,19 @@ def engine_build() -> Check:
     """What the installed llama.cpp was built with: its own system info, and the settings
     ``make install`` recorded. AMX in the build on a CPU that advertises AMX is a warning (the
     opt-in; whether it crashes here, the generation check says)."""
-    try:
-        info = build.system_info()
-    except ImportError as exc:
-        return Check("engine build", "fail", f"llama-cpp-python is not installed ({exc})", "make install")
+    # in a child: an engine built for another CPU dies of SIGILL as it loads, and would take
+    # the doctor with it
+    code = "from tasks.engines.build import system_info; print(system_info())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    if done.returncode != 0:
+        from tasks.engines.death import ServerDeath
+
+        how = ServerDeath("", 0, done.returncode, 0.0, Path()).how()
+        last = (done.stderr.strip().splitlines() or ["(nothing on stderr)"])[-1]
+        return Check(
+            "engine build", "fail", f"the engine's library does not load: {how}: {last}", "make install"
+        )
+    info = done.stdout.strip()
     amx = build.amx_features(info)
     installed = build.installed_build()
     how = "not installed by `make install` (its settings unknown)"
@@ -127,7 +137,12 @@ def mlflow_store() -> Check:
         return Check("MLflow store", "fail", exc.message, fix)
     if uri.startswith("sqlite:///"):
         folder = Path(uri.removeprefix("sqlite:///")).parent
-        folder.mkdir(parents=True, exist_ok=True)
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            return Check(
+                "MLflow store", "fail", f"{uri}: its folder {folder} cannot be made ({exc.strerror})", fix
+            )
         if not os.access(folder, os.W_OK):
             return Check("MLflow store", "fail", f"{uri}: its folder {folder} is not writable", fix)
     try:
@@ -198,20 +213,23 @@ def memory() -> Check:
 
 
 def proxy() -> Check:
-    """``HTTP(S)_PROXY`` set without loopback in ``NO_PROXY``: a client that honours them would
-    send infermeter's own loopback calls (Prefect's API, the embedded engines) to the proxy."""
-    set_ = [
-        name for name in ("HTTPS_PROXY", "https_proxy", "HTTP_PROXY", "http_proxy") if os.environ.get(name)
-    ]
+    """A proxy set (``HTTP(S)_PROXY``): the way to remote endpoints, and loopback must bypass it
+    (``tasks.engines.loopback``: every entry point adds it to ``NO_PROXY``; a warning here means
+    this process was not started by one)."""
+    from tasks.engines.loopback import LOOPBACK, PROXY_VARS, no_proxy_hosts
+
+    set_ = [name for name in PROXY_VARS if os.environ.get(name)]
     if not set_:
         return Check("proxy", "ok", "no HTTP(S)_PROXY set")
-    no_proxy = (os.environ.get("NO_PROXY") or os.environ.get("no_proxy") or "").replace(" ", "").split(",")
-    if any(host in no_proxy for host in ("127.0.0.1", "localhost", "*")):
-        return Check("proxy", "ok", f"{set_[0]} set; NO_PROXY covers loopback")
+    hosts = no_proxy_hosts()
+    if "*" in hosts or all(host in hosts for host in LOOPBACK[:2]):
+        return Check(
+            "proxy", "ok", f"{', '.join(set_)} set, for remote endpoints; 127.0.0.1 and localhost bypass it"
+        )
     return Check(
         "proxy",
         "warn",
-        f"{set_[0]} set and NO_PROXY does not name 127.0.0.1",
+        f"{', '.join(set_)} set and NO_PROXY does not name 127.0.0.1 and localhost",
         "export NO_PROXY=127.0.0.1,localhost (the proxy cannot reach this machine's loopback)",
     )
 

@@ -27,6 +27,7 @@ only: it runs before the project's dependencies are installed.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -228,6 +229,7 @@ def build_wheel(settings: BuildSettings) -> Path:
     record = {**asdict(settings), "key": settings.key, "build_s": round(time.monotonic() - started, 1)}
     (work / "build.json").write_text(json.dumps(record, indent=2) + "\n")
     shutil.rmtree(target, ignore_errors=True)
+    work.chmod(0o755)  # mkdtemp's 0700 would keep a shared INFERMETER_WHEEL_CACHE from others
     os.replace(work, target)
     return next(target.glob("*.whl"))
 
@@ -282,18 +284,28 @@ def amx_features(info: str) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    """``python -m tasks.engines.build [--dry-run]``: build (or reuse) and install the engine."""
+    """``python -m tasks.engines.build [--dry-run | --if-changed]``: build (or reuse) and install
+    the engine. ``--if-changed`` (every ``make`` of an installed ``.venv``): nothing when the
+    installed engine has this build's settings, else install it and run the smoke generation
+    (so ``INFERMETER_LLAMA_BUILD`` set or unset takes effect on the next ``make``, not only when
+    the install's stamp is stale)."""
+    parser = argparse.ArgumentParser(prog="python -m tasks.engines.build", description=main.__doc__)
+    parser.add_argument("--dry-run", action="store_true", help="print the settings and the cached wheel")
+    parser.add_argument("--if-changed", action="store_true", help="only where the installed build differs")
+    args = parser.parse_args(argv)
     try:
         settings = build_settings()
         wheel = cached_wheel(settings)
-        if "--dry-run" in argv:
-            print(json.dumps({**asdict(settings), "key": settings.key, "cached_wheel": str(wheel)}, indent=2))
+        if args.dry_run:
+            info = {**asdict(settings), "key": settings.key, "cached_wheel": str(wheel) if wheel else None}
+            print(json.dumps(info, indent=2))
+            return 0
+        if args.if_changed and (installed_build() or {}).get("key") == settings.key:
             return 0
         if wheel is None:
             print(
                 f"llama.cpp engine: compiling {settings.requirement}, {settings.describe()} "
-                "(about 4 minutes on 2 cores; once per machine: kept in "
-                f"{wheel_cache()})",
+                f"(about 4 minutes on 2 cores; once per machine: kept in {wheel_cache()})",
                 flush=True,
             )
             wheel = build_wheel(settings)
@@ -303,6 +315,8 @@ def main(argv: list[str]) -> int:
     except BuildError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    if args.if_changed:  # the engine changed under an installed .venv: does it answer?
+        return subprocess.run([sys.executable, "-m", "tasks.engines.smoke"]).returncode
     return 0
 
 

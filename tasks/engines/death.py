@@ -114,12 +114,15 @@ class ServerDiedError(RuntimeError):
 
 
 def _counts(answered: int | None, cut: int | None, unsent: int | None) -> str:
-    """``21 requests answered before it, 3 refused or cut by its death (...), 376 not sent``."""
+    """``21 requests answered before it, 3 refused or cut by its death (...), 376 not sent``
+    (measured requests: warm-ups are in none of the three)."""
     if answered is None:
         return ""
     said = f"{answered} request{'s' if answered != 1 else ''} answered before it"
     if cut:
-        said += f", {cut} refused or cut by its death (class server_died, not counted against the endpoint)"
+        said += (
+            f", {cut} refused or cut by its death (class server_died, not the endpoint's connection errors)"
+        )
     return said + (f", {unsent} not sent" if unsent else "")
 
 
@@ -132,8 +135,8 @@ def death_message(
 ) -> str:
     """What the command says: ``the embedded llama.cpp server (pid 4242) died 15.2 s after it
     started: killed by SIGSEGV (a crash inside the engine); 21 requests answered before it, 3
-    refused or cut by its death (class server_died, not counted against the endpoint), 376 not
-    sent`` (the counts where the stage gave them); then the last ``tail`` lines of its log and
+    refused or cut by its death (class server_died, not the endpoint's connection errors), 376
+    not sent`` (the counts where the stage gave them); then the last ``tail`` lines of its log and
     where the whole log is, and for a crash what to do. (A crash's log says nothing of it: the
     last lines show what it was doing.)"""
     counts = _counts(answered, cut, unsent)

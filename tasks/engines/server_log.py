@@ -21,6 +21,9 @@ _NOISE = (
     "During handling of the above exception",
     "The above exception was the direct cause",
 )
+#: Lines that hold those words and are not errors (llama.cpp's load: "... cannot be used with
+#: preferred buffer type CPU_REPACK, using CPU instead" is a choice it made, not a failure).
+_NOT_ERRORS = re.compile(r"using CPU instead|HTTP/1\.[01]\" \d{3}")
 _ARGPARSE_ERROR = re.compile(r"^\S+: error: ")
 _PYDANTIC_HEADER = re.compile(r"^\d+ validation errors? for ")
 #: vLLM's prefix on the lines of its processes: ``(APIServer pid=4242) ``, ``(EngineCore_DP0 pid=7) ``.
@@ -79,7 +82,7 @@ def error_lines(text: str, limit: int = 12) -> list[str]:
                 picked.append(f"{field}: {stripped}" if not lines[i - 1][:1].isspace() else stripped)
                 continue
             mode = ""
-        if _ERROR_WORDS.search(line) and not stripped.startswith(_NOISE):
+        if _ERROR_WORDS.search(line) and not stripped.startswith(_NOISE) and not _NOT_ERRORS.search(line):
             picked.append(stripped)
     unique = list(dict.fromkeys(picked))  # engines with several processes repeat their errors
     if len(unique) > limit:

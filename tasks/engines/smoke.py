@@ -108,6 +108,9 @@ def smoke_generation(
 
 def main(argv: list[str]) -> int:
     """``python -m tasks.engines.smoke [ENGINE]``: one generation; exit 0 or 1."""
+    from tasks.engines.loopback import keep_loopback_off_proxies
+
+    keep_loopback_off_proxies()  # the install behind a proxy: the server is on 127.0.0.1
     engine = argv[0] if argv else "llamacpp"
     try:
         print(smoke_generation(engine=engine).line())

@@ -176,7 +176,7 @@ def run_levels(
             if any(r.error_class == SERVER_DIED for r in level.records):  # no level after it
                 records = [r for each in done for r in each.records]
                 answered = sum(r.succeeded for r in records if not r.warmup)
-                cut = sum(r.error_class == SERVER_DIED for r in records)
+                cut = sum(r.error_class == SERVER_DIED for r in records if not r.warmup)
                 sent = sum(not r.warmup for r in level.records)  # (a conversation's turns: more)
                 unsent = max(0, settings.num_requests * settings.repeats - sent)
                 unsent += sum(later.num_requests * later.repeats for later in levels[len(done) :])

@@ -361,17 +361,45 @@ def test_the_capacity_tunes_best_is_decided_over_each_repeats_capacity(capsys) -
     result = {"configurations": [s.to_dict() for s in summaries], "best": chosen,
               "pareto": {k: [p.to_dict() for p in v] for k, v in found["pareto"].items()}}  # fmt: skip
     print_tune(result)
-    out = " ".join(capsys.readouterr().out.split())
-    assert "configuration 0 (a): capacity 30 req/s [29, 31] (95%, 3 repeats: 30.1, 29.6, 30.4)" in out
-    assert "best: a: highest capacity (30 req/s" in out
+    out = capsys.readouterr().out
+    # one row per configuration: its repeats, mean ± Student's t, the rule's mark, each repeat's capacity
+    # (the output tokens/s at capacity, last, left out at 80 columns)
+    assert _capacity_rows(out) == {"0": "0 a FINISHED 1.0 3 30.0 ± 1.0 best 30.1, 29.6, 30.4",
+                                   "1": "1 b FINISHED 1.0 3 20.2 ± 0.9 20.2, 19.8, 20.5"}  # fmt: skip
+    assert "best: a: highest capacity (30 req/s" in " ".join(out.split())
     text = summary_text(summaries, result, None)
     assert "capacity 20.2 req/s [19.3, 21] (95%, 3 repeats: 20.2, 19.8, 20.5)" in text
     assert "best: `a`: highest capacity" in text
 
     # overlapping capacities: tied within noise, with how many repeats would separate them
-    tied = answer(_capacity_summaries({0: [29.1, 8.2, 27.5], 1: [7.7, 28.0, 9.1]}), config)["best"]
+    summaries = _capacity_summaries({0: [29.1, 8.2, 27.5], 1: [7.7, 28.0, 9.1]})
+    found = answer(summaries, config)
+    tied = found["best"]
     assert tied["rule"] == "tied" and tied["point"] is None and tied["repeats_to_separate"] == 25
     assert tied["reason"].startswith("tied within noise on capacity_requests_per_s")
+    print_tune({"configurations": [s.to_dict() for s in summaries], "best": tied,
+                "pareto": {k: [p.to_dict() for p in v] for k, v in found["pareto"].items()}})  # fmt: skip
+    out = capsys.readouterr().out
+    # the interval cut at 0 req/s is written by its ends; both configurations marked tied
+    assert _capacity_rows(out) == {"0": "0 a FINISHED 1.0 3 21.6 [0.0, 50.5] tied 29.1, 8.2, 27.5",
+                                   "1": "1 b FINISHED 1.0 3 14.9 [0.0, 43.1] tied 7.7, 28.0, 9.1"}  # fmt: skip
+    assert "best: none (tied within noise on capacity_requests_per_s" in " ".join(out.split())
+
+
+def _capacity_rows(out: str) -> dict[str, str]:
+    """The ``--capacity`` table's rows of ``print_tune``'s output, by configuration index, each
+    row's lines joined (a long label or status folds onto a second line)."""
+    lines = out.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("───")) + 1
+    rows: dict[str, list[str]] = {}
+    for line in lines[start:]:
+        if not line.strip():
+            break
+        if re.match(r"\s*\d+\s", line):
+            assert line.split()[0] not in rows, f"configuration {line.split()[0]} has more than one row"
+            rows[line.split()[0]] = []
+        list(rows.values())[-1].extend(line.split())  # a folded cell's second line: its words
+    return {k: " ".join(words) for k, words in rows.items()}
 
 
 # whole runs through the command ------------------------------------------------------------
@@ -385,9 +413,13 @@ def _env(tmp_path: Path) -> dict[str, str]:
     }
 
 
-def _tune(tmp_path: Path, *options: str, timeout: int = 600) -> subprocess.CompletedProcess:
+def _tune(tmp_path: Path, *options: str, timeout: int = 600, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [str(BIN), "tune", *options], capture_output=True, text=True, timeout=timeout, env=_env(tmp_path)
+        [str(BIN), "tune", *options],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**_env(tmp_path), **env},
     )
 
 
@@ -540,7 +572,8 @@ def test_a_capacity_tune_reports_the_capacity_over_its_repeats(tmp_path: Path) -
     )
     # the SLO holds at saturation: each repeat's capacity is its saturation throughput
     proc = _tune(tmp_path, "--config", str(config), "--model", MODEL, *WORKLOAD[:6], "--capacity",
-                 "--goodput", "tpot_ms:1000", "--repeats", "2", "--json", str(tmp_path / "t.json"))  # fmt: skip
+                 "--goodput", "tpot_ms:1000", "--repeats", "2", "--json", str(tmp_path / "t.json"),
+                 COLUMNS="200")  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads((tmp_path / "t.json").read_text())
     [conf] = data["configurations"]
@@ -553,9 +586,12 @@ def test_a_capacity_tune_reports_the_capacity_over_its_repeats(tmp_path: Path) -
     best_found = data["best"]
     assert (best_found["rule"], best_found["objective"]) == ("only", "capacity_requests_per_s")
     assert best_found["point"]["capacity_requests_per_s"] == pytest.approx(mean)
-    said = " ".join(proc.stdout.split())
-    assert f"configuration 0 (startup_delay_s=0): capacity {mean:.3g} req/s [" in said
-    assert "best: startup_delay_s=0: highest capacity" in said
+    from flows.commands.tables import fmt_value, interval_text
+
+    [row] = _capacity_rows(proc.stdout).values()  # the configuration once, over its two repeats
+    assert row.startswith(f"0 startup_delay_s=0 FINISHED {fmt_value(conf['server_startup_s'])} 2 ")
+    assert f" {interval_text(mean, over['ci_low'], over['ci_high'])} best {fmt_value(each[0])}, " in row
+    assert "best: startup_delay_s=0: highest capacity" in " ".join(proc.stdout.split())
 
     from mlflow.tracking import MlflowClient
 
@@ -569,6 +605,70 @@ def test_a_capacity_tune_reports_the_capacity_over_its_repeats(tmp_path: Path) -
     assert float(column["capacity_requests_per_s"][at]) == pytest.approx(mean)
     assert float(column["capacity_requests_per_s_ci_high"][at]) == pytest.approx(mean + half, rel=1e-5)
     assert f"capacity {mean:.3g} req/s [" in (folder / "summary.md").read_text()
+
+
+def test_a_capacity_tunes_repeats_are_one_row_per_configuration_and_the_best_by_the_rule(
+    tmp_path: Path,
+) -> None:
+    """Issue 49: ``--capacity --repeats 2`` with two configurations and an SLO that saturation
+    misses, so each repeat's search probes a rate of its own. The table grouped nothing: a row
+    per search level of each repeat (``n`` 1), no row marked best or tied. Now each
+    configuration is one row with its repeats (2), its mean capacity and Student's t interval,
+    each repeat's capacity, and ``best`` / ``tied`` as the rule (Welch, Holm:
+    ``tasks.tune.rule.decide``) decides over the repeats' capacities."""
+    from flows.commands.tables import fmt_value, interval_text
+
+    config = tmp_path / "tune.yaml"
+    config.write_text(
+        f"tune: {{serve_cmd: '{SERVE_CMD}', configurations: [{{startup_delay_s: 0}}, {{startup_delay_s: 0.1}}]}}\n"
+        "endpoint: {tokenizer: 'gguf:default'}\ncapacity: {max_levels: 3}\n",
+        encoding="utf-8",
+    )
+    # gaps 5 ms + 5 ms per other request in flight: TPOT 5 ms alone, 20 ms at saturation (4 at once)
+    proc = _tune(tmp_path, "--config", str(config), "--model", "load:4:5:5:10", *WORKLOAD[:6], "--capacity",
+                 "--goodput", "tpot_ms:15", "--repeats", "2", "--no-track", "--json", str(tmp_path / "t.json"),
+                 COLUMNS="200")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "t.json").read_text())
+    confs = data["configurations"]
+    assert [c["label"] for c in confs] == ["startup_delay_s=0", "startup_delay_s=0.1"]
+    rows = _capacity_rows(proc.stdout)  # asserts one row per configuration
+    assert sorted(rows) == ["0", "1"]
+    candidates, marks = [], {}
+    for conf in confs:
+        rates = {lv["request_rate"] for r in conf["repeats"] for lv in r["levels"] if lv["request_rate"]}
+        assert len(rates) == 2  # each repeat's search probed a rate of its own: nothing to match up
+        each = [r["capacity"]["capacity_requests_per_s"] for r in conf["repeats"]]
+        over = conf["capacity_over_repeats"]
+        assert len(each) == 2 and all(v > 0 for v in each) and over["per_repeat"] == each
+        assert over["repeats"] == 2 and over["capacity_requests_per_s"] == pytest.approx(sum(each) / 2)
+        interval = interval_text(over["capacity_requests_per_s"], over["ci_low"], over["ci_high"])
+        row = rows[str(conf["index"])]
+        assert row.startswith(
+            f"{conf['index']} {conf['label']} FINISHED {fmt_value(conf['server_startup_s'])} 2 "
+        )
+        assert f" {interval} " in row and f" {', '.join(fmt_value(v) for v in each)} " in row
+        after = row.split(f" {interval} ", 1)[1].split()[0]  # the rule's column, then each repeat's
+        marks[conf["index"]] = after if after in ("best", "tied") else ""
+        candidates.append((conf, each))
+    # the best by the rule over the repeats' capacities, ranked by their mean
+    candidates.sort(key=lambda c: sum(c[1]) / 2, reverse=True)
+    decision = rule.decide([(conf["label"], each) for conf, each in candidates])
+    chosen = data["best"]
+    assert (chosen["rule"], chosen["objective"]) == (decision.outcome, "capacity_requests_per_s")
+    assert decision.outcome in ("best", "tied")  # two repeats each: tested
+    top, other = (conf["index"] for conf, _ in candidates)
+    assert chosen["top"]["configuration"] == top
+    assert chosen["comparisons"][0]["p_value"] == pytest.approx(decision.comparisons[0].p_value)
+    said = " ".join(proc.stdout.split())
+    if decision.outcome == "best":
+        assert chosen["point"]["configuration"] == top and chosen["tied"] == []
+        assert (marks[top], marks[other]) == ("best", "")
+        assert f"best: {candidates[0][0]['label']}: highest capacity" in said
+    else:
+        assert chosen["point"] is None and len(chosen["tied"]) == 2
+        assert marks[top] == marks[other] == "tied"
+        assert "best: none (tied within noise on capacity_requests_per_s" in said
 
 
 def test_a_killed_tune_leaves_no_server_and_resumes(tmp_path: Path) -> None:

@@ -6,7 +6,10 @@ engine's own parser refuses, more than ``--max-configurations`` without ``--yes`
 flow (``flows.tune``), writes ``--json`` (``{"configurations": [...], "best", "pareto",
 "order", "repeats", "mlflow_run_id"}``) and prints one row per configuration and level (the
 means over the repeats, the objective's interval), the front, and the best by the rule of
-``tasks.tune.rule`` (named only where its repeats separate it; else "tied within noise").
+``tasks.tune.rule`` (named only where its repeats separate it; else "tied within noise"). With
+``--capacity``: one row per configuration, its capacity over its repeats (each repeat's search
+probes rates of its own, so its levels are no rows to group; issue 49), marked ``best`` or
+``tied`` by the same rule.
 """
 
 from __future__ import annotations
@@ -185,19 +188,100 @@ def command(
 def print_tune(result: dict) -> None:
     """One row per configuration and level (a failed configuration: one row with its status):
     the means over the repeats (``n``), the objective's interval, a mark on the front's rows and
-    on the best (or the points tied within noise), then each configuration's capacity over its
-    repeats (``--capacity``: what the best is decided on), the rule's outcome and why."""
-    from tasks.tune.capacities import capacity_text
+    on the best (or the points tied within noise); with ``--capacity`` one row per configuration
+    instead, its capacity over its repeats (:func:`print_capacities`: what the best is decided
+    on). Then the rule's outcome and why."""
     from tasks.tune.front import CAPACITY, CAPACITY_LEVEL
 
+    chosen = result.get("best") or {}
+    objective = chosen.get("objective") or "output_tokens_per_s"
+    if objective == CAPACITY or any(c.get("capacity_over_repeats") for c in result["configurations"]):
+        print_capacities(result)
+    else:
+        print_levels(result)
+    for conf in result["configurations"]:
+        if conf["error"]:
+            first = conf["error"].splitlines()[0][:300]
+            console.print(
+                f"configuration {conf['index']} ({conf['label']}) {conf['status']}: {first}", highlight=False
+            )
+    if chosen.get("point"):
+        p = chosen["point"]
+        where = "" if p["level"] == CAPACITY_LEVEL else f" at concurrency {p['max_concurrency']}"
+        console.print(f"best: {p['label']}{where}: {chosen['reason']}", highlight=False)
+    elif chosen:
+        console.print(f"best: none ({chosen['reason']})", highlight=False)
+
+
+def _mark(chosen: dict, key: tuple[int, int]) -> str:
+    """``best`` on the named point, ``tied`` on the points tied within noise (the rule's
+    outcome, ``tasks.tune.rule``), else empty; ``key``: ``(configuration, level)``."""
+    best = chosen.get("point")
+    if best and (best["configuration"], best["level"]) == key:
+        return "best"
+    return "tied" if key in {(p["configuration"], p["level"]) for p in chosen.get("tied") or []} else ""
+
+
+def print_capacities(result: dict) -> None:
+    """``--capacity``: one row per configuration over its repeats, whatever rates each
+    repeat's search probed (those levels are each one repeat's own: ``--json``'s ``repeats``
+    and MLflow keep them): the known repeats (``n``), the mean capacity with Student's t
+    interval, each repeat's capacity, the output tokens/s at capacity, and ``best`` / ``tied``
+    as the rule decided over the repeats' capacities (``tasks.tune.capacities``)."""
+    from flows.commands.tables import interval_text
+    from tasks.tune.front import CAPACITY, CAPACITY_LEVEL
+
+    chosen = result.get("best") or {}
+    overs = [c.get("capacity_over_repeats") or {} for c in result["configurations"]]
+    counts = {o.get("repeats", 0) for o in overs if o}
+    each = f"; {counts.pop()} repeats each" if len(counts) == 1 else ""
+    shown = any(o.get("ci_high") is not None for o in overs)
+    plus = f"\n± {chosen.get('confidence', 0.95):.0%}" if shown else ""
+    table = make_table(
+        f"infermeter tune --capacity (req/s: the highest rate within the SLOs{each})",
+        [
+            ("#", "right"),
+            ("configuration", "left"),
+            ("status", "left"),
+            ("startup s", "right"),
+            ("n", "right"),
+            ("capacity\nreq/s" + plus, "right"),
+            ("rule", "left"),  # before the rest: a narrow terminal leaves out the last columns
+            ("each repeat\nreq/s", "left"),
+            ("tok/s at\ncapacity", "right"),
+        ],
+        compact=True,
+    )
+    for conf, over in zip(result["configurations"], overs):
+        status = conf["status"] + (" (resumed)" if conf.get("resumed") else "")
+        startup = fmt_value(conf["server_startup_s"])
+        if not over:  # no repeat ran a search (its server never started)
+            table.add_row(str(conf["index"]), conf["label"], status, startup, "0", *[""] * 4)
+            continue
+        mean = over.get(CAPACITY)
+        table.add_row(
+            str(conf["index"]),
+            conf["label"],
+            status,
+            startup,
+            str(over.get("repeats", 0)),
+            interval_text(mean, over.get("ci_low"), over.get("ci_high")) if mean is not None else "n/a",
+            _mark(chosen, (conf["index"], CAPACITY_LEVEL)),
+            ", ".join(fmt_value(v) for v in over.get("per_repeat") or ()),
+            fmt_value(over.get("capacity_output_tokens_per_s")),
+        )
+    console.print(table)
+
+
+def print_levels(result: dict) -> None:
+    """One row per configuration and level: the means over the repeats, the objective's
+    interval, the front and the rule's marks (:func:`print_tune`)."""
     front = {(p["configuration"], p["level"]) for p in result["pareto"]["per_user_tokens_per_s"]}
     front |= {(p["configuration"], p["level"]) for p in result["pareto"]["ttft_ms_p99"]}
     chosen = result.get("best") or {}
-    best = chosen.get("point")
-    tied = {(p["configuration"], p["level"]) for p in chosen.get("tied") or []}
     objective = chosen.get("objective") or "output_tokens_per_s"
-    goodput = objective in ("goodput_requests_per_s", CAPACITY)  # a capacity's levels: their goodput
-    figure = "goodput_requests_per_s" if goodput else objective  # the levels' column with an interval
+    goodput = objective == "goodput_requests_per_s"
+    figure = objective  # the levels' column with an interval
     levels = [lv for conf in result["configurations"] for lv in conf["levels"]]
     shown = any(lv.get(f"{figure}_ci_high") is not None for lv in levels)
     plus = f"\n± {chosen.get('confidence', 0.95):.0%}" if shown else ""  # the interval over the repeats
@@ -246,11 +330,7 @@ def print_tune(result: dict) -> None:
             m = level["metrics"]
             tpot = m.get("tpot_ms_p50")
             key = (conf["index"], level_index)
-            mark = "*" if key in front else ""
-            if best and (best["configuration"], best["level"]) == key:
-                mark += " best"
-            elif key in tied:
-                mark += " tied"
+            mark = " ".join(x for x in ("*" if key in front else "", _mark(chosen, key)) if x)
             table.add_row(
                 str(conf["index"]),
                 conf["label"],
@@ -265,19 +345,3 @@ def print_tune(result: dict) -> None:
                 mark,
             )
     console.print(table)
-    for conf in result["configurations"]:
-        if conf["error"]:
-            first = conf["error"].splitlines()[0][:300]
-            console.print(
-                f"configuration {conf['index']} ({conf['label']}) {conf['status']}: {first}", highlight=False
-            )
-    for conf in result["configurations"]:
-        if conf.get("capacity_over_repeats"):
-            said = capacity_text(conf["capacity_over_repeats"])
-            console.print(f"configuration {conf['index']} ({conf['label']}): {said}", highlight=False)
-    if chosen.get("point"):
-        p = chosen["point"]
-        where = "" if p["level"] == CAPACITY_LEVEL else f" at concurrency {p['max_concurrency']}"
-        console.print(f"best: {p['label']}{where}: {chosen['reason']}", highlight=False)
-    elif chosen:
-        console.print(f"best: none ({chosen['reason']})", highlight=False)

@@ -2,9 +2,10 @@
 
 One MLflow parent run per flow run, one child per stage (and per level / point under those).
 The stages are independent measurements: a stage that fails (a stream whose every request
-failed among them) is recorded as failed on its own child run and on the parent, the others
-still run and keep their records, and the flow run ends Failed so Prefect's notifications
-fire. The embedded server is stopped when the remote stages end, on failure too.
+failed among them, or one whose error rate at a level is over ``regression.max_error_rate``) is
+recorded as failed on its own child run and on the parent, the others still run and keep their
+records, and the flow run ends Failed so Prefect's notifications fire (a FAILED audit is never
+a later audit's baseline). The embedded server is stopped when the remote stages end, on failure too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from tasks.engines.death import ServerDiedError, server_gone
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
-from tasks.stream.errors import every_request_failed
+from tasks.stream.errors import error_rate_exceeded, every_request_failed
 
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:
@@ -70,8 +71,13 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
                     run.set_tags(endpoint.identity())
                     if config.stream.enabled:
                         attempt("stream", lambda: stream_stage(config.stream, endpoint, **common))
-                        failed = "stream" in stages and every_request_failed(stages["stream"]["levels"])
-                        if failed:  # its records are kept; a stream that measured nothing failed
+                        levels = (stages.get("stream") or {}).get("levels") or []
+                        # its records are kept; a stream that measured nothing, or whose error
+                        # rate at a level is over regression.max_error_rate, failed (never a baseline)
+                        failed = every_request_failed(levels) or error_rate_exceeded(
+                            levels, config.regression.max_error_rate
+                        )
+                        if failed:
                             errors["stream"] = failed
                     if config.sweep.enabled and server_gone(endpoint.server_pid):
                         errors["sweep"] = "not run: the embedded server had died (see the stream stage)"

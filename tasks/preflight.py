@@ -365,6 +365,72 @@ def check_tracking_uri(uri: str) -> None:
     )
 
 
+#: A local SQLite store larger than this is not read through (``PRAGMA quick_check``) before a
+#: command: its header and schema are (a larger file's full read would cost seconds).
+QUICK_CHECK_MAX_BYTES = 512 * 1024 * 1024
+
+
+def check_local_store(uri: str) -> None:
+    """A local tracking store MLflow would fail to open with a traceback, named in one line:
+    a file store (``file:///DIR`` or a plain folder path), which MLflow 3 refuses unless
+    ``MLFLOW_ALLOW_FILE_STORE=true`` (then it opens it: nothing to check), and a SQLite file
+    that is not a database or is damaged (a text file named mlflow.db, a truncated copy:
+    SQLite's header and schema are read, and a store of up to :data:`QUICK_CHECK_MAX_BYTES`
+    read through by ``PRAGMA quick_check``). A store that does not exist yet is created by
+    MLflow; one that is locked (another command writing) is not judged. Other stores (a
+    tracking server, PostgreSQL) are not checked here.
+
+    Raises:
+        PreflightError: (``tracking_uri``) the store (its URI, any password hidden), why it
+            cannot be opened, and the fix.
+    """
+    import sqlite3
+    from pathlib import Path
+    from urllib.parse import quote
+
+    from tasks.tracking.values import shown_uri
+
+    shown = shown_uri(uri)
+    scheme = urlsplit(uri).scheme.lower()
+    if scheme in ("", "file") or len(scheme) == 1:  # a Windows drive letter: a local path too
+        if os.environ.get("MLFLOW_ALLOW_FILE_STORE", "").strip().lower() in ("true", "1"):
+            return
+        raise PreflightError(
+            "tracking_uri",
+            f"{shown} is a file store (a folder of runs), which this MLflow no longer opens; write "
+            "sqlite:///PATH/mlflow.db (`mlflow migrate-filestore` moves a folder's runs into one), "
+            "or set MLFLOW_ALLOW_FILE_STORE=true to use the folder anyway",
+        )
+    if scheme.partition("+")[0] != "sqlite":
+        return
+    path = uri.partition("://")[2].removeprefix("/").partition("?")[0]
+    if not path or path == ":memory:" or path.startswith("file:") or not Path(path).exists():
+        return
+    try:
+        db = sqlite3.connect(f"file:{quote(path)}?mode=ro", uri=True, timeout=2)
+        try:
+            db.execute("SELECT count(*) FROM sqlite_master").fetchone()
+            if Path(path).stat().st_size <= QUICK_CHECK_MAX_BYTES:
+                said = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+                if said != "ok":
+                    raise sqlite3.DatabaseError(said)
+        finally:
+            db.close()
+    except sqlite3.OperationalError as exc:
+        if "locked" in str(exc) or "busy" in str(exc):  # in use: another command writes to it
+            return
+        reason = f"SQLite cannot open it: {exc}"
+    except sqlite3.DatabaseError as exc:
+        reason = f"SQLite says: {exc}"
+    else:
+        return
+    raise PreflightError(
+        "tracking_uri",
+        f"the MLflow store {shown} cannot be read ({reason}); restore the file from a copy, or "
+        "point MLFLOW_TRACKING_URI at another store (a new sqlite:///PATH/mlflow.db starts empty)",
+    )
+
+
 def check_tracking_server(uri: str, timeout_s: float = 30.0) -> None:
     """An MLflow tracking server (``http(s)://``) that answers ``/health`` can still fail every
     call: its database refuses it (a wrong password in its ``--backend-store-uri``, a database

@@ -33,6 +33,9 @@ llama.cpp's own server does (``timings.cache_n`` in a final ``choices: []`` chun
 ``block_size=N`` caches whole blocks of N words only and publishes vLLM's
 ``vllm:cache_config_info{block_size="N"}``.
 
+Scenario ``fail_marked``: a known share of failed requests: a request whose prompt holds
+``[fail]`` gets ``http_500``'s answer, any other ``schedule``'s (chat and completions).
+
 Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
 ``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count, ``vllm:prefix_cache_queries_total`` /
 ``vllm:prefix_cache_hits_total``), ``POST /reset_prefix_cache``, ``GET /stats`` -> ``{"max_in_flight", "requests": [bodies...], "late_chunk_ns": [...]}`` (noisy
@@ -1070,6 +1073,11 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 prompt = str((request.get("messages") or [{}])[0].get("content"))
                 steps = _prompt_cache_steps(prompt in state.cached_prompts)
                 state.cached_prompts.add(prompt)
+            elif model == "fail_marked":  # failures known in advance: the prompts marked [fail]
+                said = " ".join(str(m.get("content")) for m in request.get("messages") or [])
+                said = said if api == "chat" else str(request.get("prompt"))
+                scenarios = SCENARIOS if api == "chat" else COMPLETIONS_SCENARIOS
+                steps = scenarios["http_500" if "[fail]" in said else "schedule"]
             elif model == "prefix_cache":
                 # every message's words, in order: a conversation's history is its prompt's prefix
                 said = " ".join(str(m.get("content")) for m in request.get("messages") or [])

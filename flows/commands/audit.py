@@ -50,6 +50,8 @@ def command(
 ) -> None:
     """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
     cfg = load_or_fail(config, AuditConfig)
+    if baseline is not None and not baseline.strip():  # blank in a config is unset; typed, a typo
+        fail_input(f"--baseline: no run id in {baseline!r}; give one or more MLflow run ids, comma-separated")
     cfg = apply_overrides(
         cfg,
         "regression",
@@ -58,6 +60,7 @@ def command(
             "fail_on_regression": fail_on_regression,
             "force_baseline": force_baseline,
         },
+        flags={"baseline_run_id": "--baseline"},
     )
     preflight(track=not no_track)
     if cfg.profile.enabled:
@@ -141,6 +144,10 @@ def print_verdict(verdict: dict) -> None:
         )
         for row in verdict["rows"]:  # each judged metric: its change, interval and class
             console.print(f"  {verdict_line(row)}", highlight=False, markup=False)
+        if verdict.get("thresholds_pct"):
+            console.print(
+                f"Thresholds: {thresholds_text(verdict['thresholds_pct'])}", highlight=False, markup=False
+            )
         if verdict.get("baseline_note"):
             console.print(
                 f"How the baseline was chosen: {verdict['baseline_note']}", highlight=False, markup=False
@@ -154,3 +161,8 @@ def verdict_line(row: dict) -> str:
     if row.get("change_pct_ci_low") is not None:
         change += f" [{row['change_pct_ci_low']:+.1f} .. {row['change_pct_ci_high']:+.1f} %]"
     return f"{row['metric']:<22} {change:<28} {row['verdict']:<12} ({row['note']})"
+
+
+def thresholds_text(thresholds: dict[str, float]) -> str:
+    """``ttft_ms_p50 +15 %, decode_tokens_per_s -10 %``: the signed thresholds judged by."""
+    return ", ".join(f"{metric} {value:+g} %" for metric, value in thresholds.items())

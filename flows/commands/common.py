@@ -48,13 +48,29 @@ def fail_input(message: str) -> None:
     raise typer.Exit(2)
 
 
+def comma_items(option: str, text: str, what: str = "values") -> list[str]:
+    """The stripped items of a comma-separated option value; an empty one (``1,,2``, ``1,``,
+    ``,``) exits 2 naming the option and its position, and the value without it (an empty
+    item is a typo, never "none")."""
+    items = [item.strip() for item in text.split(",")]
+    given = [item for item in items if item]
+    if not given:
+        fail_input(f"{option}: no value in {text!r}; give one or more {what}, comma-separated")
+    for position, item in enumerate(items, 1):
+        if not item:
+            fail_input(
+                f"{option}: item {position} of {text!r} is empty; give comma-separated {what} "
+                f"without empty items, e.g. {option} {','.join(given)}"
+            )
+    return items
+
+
 def parse_list(option: str, text: str | None, convert: Callable[[str], T]) -> list[T] | None:
-    """`"1,4,16"` -> [1, 4, 16]; None stays None. Bad items exit 2 naming the option."""
+    """`"1,4,16"` -> [1, 4, 16]; None stays None. Bad or empty items exit 2 naming the option
+    (:func:`comma_items`)."""
     if text is None:
         return None
-    items = [item.strip() for item in text.split(",") if item.strip()]
-    if not items:
-        fail_input(f"{option}: give one or more comma-separated values, e.g. {option} 1,4")
+    items = comma_items(option, text)
     try:
         return [convert(item) for item in items]
     except ValueError as exc:
@@ -78,7 +94,7 @@ def parse_slos(text: str | None) -> dict[str, float] | None:
     if text is None:
         return None
     slos: dict[str, float] = {}
-    for item in text.split(","):
+    for item in comma_items("--goodput", text, "metric:limit pairs"):
         name, sep, value = item.partition(":")
         try:
             if not sep:
@@ -186,13 +202,14 @@ def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, mod
 def preflight(track: bool, prefect: bool = True) -> None:
     """Fail fast, with one line naming the URL, when a configured server does not answer:
     the MLflow tracking server (when tracking; first, a ``MLFLOW_TRACKING_URI`` MLflow cannot
-    open: ``tasks.preflight.check_tracking_uri``) and the Prefect API (when ``prefect`` and
+    open: ``tasks.preflight.check_tracking_uri``, and a local store it would fail on, a file
+    store or a SQLite file that is no database: ``tasks.preflight.check_local_store``) and the Prefect API (when ``prefect`` and
     PREFECT_API_URL is set; ``compare`` runs no flow). Without this a dead server costs
     minutes of client retries and a stack trace."""
     import urllib.error
     import urllib.request
 
-    from tasks.preflight import PreflightError, check_tracking_server, check_tracking_uri
+    from tasks.preflight import PreflightError, check_local_store, check_tracking_server, check_tracking_uri
 
     checks = []
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")
@@ -201,6 +218,15 @@ def preflight(track: bool, prefect: bool = True) -> None:
             check_tracking_uri(tracking_uri)
         except PreflightError as exc:
             fail_input(f"MLFLOW_TRACKING_URI: {exc.message}")
+    if track:  # a file store, a SQLite file that is no database: one line, not MLflow's traceback
+        from tasks.tracking.values import default_tracking_uri
+
+        try:
+            check_local_store(tracking_uri or default_tracking_uri())
+        except PreflightError as exc:
+            fail_input(
+                f"{'MLFLOW_TRACKING_URI' if tracking_uri else 'the local MLflow store'}: {exc.message}"
+            )
     if track and tracking_uri.startswith("http"):
         checks.append(("MLflow tracking server", tracking_uri.rstrip("/") + "/health", "MLFLOW_TRACKING_URI"))
     prefect_api = os.environ.get("PREFECT_API_URL") if prefect else None

@@ -2,7 +2,8 @@
 verdicts and change points.
 
 Not a flow: it only reads the tracking store. The endpoint is that of ``--run`` (an audit's run
-id), else of the newest finished audit; its history is every finished audit of the same
+id, in ``--experiment``: a run of another experiment, or none, exits 2 naming it), else of the
+newest finished audit; its history is every finished audit of the same
 endpoint and model (server kind, model, model file hash) with the same workload, oldest first
 (:mod:`tasks.report.history`), the series the verdict's baseline comes from.
 """
@@ -10,6 +11,7 @@ endpoint and model (server kind, model, model file hash) with the same workload,
 from __future__ import annotations
 
 import math
+import shlex
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -61,6 +63,12 @@ def command(
     try:
         if run:
             [anchor] = tracker.runs_by_id([run])
+            held_by = tracker.experiment_of(run)
+            if held_by != experiment:  # its history would be read in the wrong experiment: empty
+                fail_input(
+                    f"--run: run {run} is in experiment {held_by!r}, not {experiment!r}; pass "
+                    f"--experiment {shlex.quote(held_by)}"
+                )
         else:
             newest = tracker.find_runs(
                 "tags.flow = 'audit' and attributes.status = 'FINISHED'", max_results=1, parents_only=True

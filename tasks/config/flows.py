@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 from tasks import metrics
 from tasks.config.stages import (
@@ -33,10 +33,18 @@ class RegressionConfig(_Strict):
     baseline_last_n: int = Field(
         10, ge=1, description="At most N audits since the last change point form the baseline."
     )
+    max_error_rate: float = Field(
+        0.05,
+        ge=0,
+        le=1,
+        description="An audit whose stream error rate (failed / measured requests), at any level, "
+        "exceeds this fraction is failed: exit 1, its first errors named, never a baseline.",
+    )
     thresholds_pct: dict[str, float] = Field(
         default_factory=lambda: dict(metrics.DEFAULT_THRESHOLDS_PCT),
-        description="Allowed change per metric in percent: +15 = latency may grow 15 %, "
-        "-10 = throughput may drop 10 %.",
+        description="Allowed change per metric in percent, merged with the defaults (an entry "
+        "overrides or adds one): +15 = a latency may grow 15 %, -10 = a throughput may drop "
+        "10 %; a throughput's may be written as a magnitude (10), its sign taken from the metric.",
     )
     confidence: float = Field(
         0.95,
@@ -52,18 +60,67 @@ class RegressionConfig(_Strict):
         "max_tokens, concurrency, model file, engine); default: no verdict, 'incomparable'.",
     )
 
+    @field_validator("baseline_run_id")
+    @classmethod
+    def _run_ids(cls, value: str | None) -> str | None:
+        """Comma-separated run ids, none of them empty (``","`` is a typo, never "no baseline");
+        blank is unset (the history's runs)."""
+        if value is None or not value.strip():
+            return None
+        ids = [part.strip() for part in value.split(",")]
+        if not any(ids):
+            raise ValueError(f"no run id in {value!r}; give one or more MLflow run ids, comma-separated")
+        for position, run_id in enumerate(ids, 1):
+            if not run_id:
+                raise ValueError(
+                    f"item {position} of {value!r} is empty; give MLflow run ids, comma-separated, "
+                    f"without empty items (e.g. {','.join(i for i in ids if i)})"
+                )
+        return ",".join(ids)
+
     @field_validator("thresholds_pct")
     @classmethod
     def _known_metrics(cls, thresholds: dict[str, float]) -> dict[str, float]:
+        """The user's entries checked, signed as the verdict takes them (+ where a rise is
+        worse, - where a drop is), over the defaults (:data:`tasks.metrics.DEFAULT_THRESHOLDS_PCT`)."""
+        signed: dict[str, float] = {}
         for metric, value in thresholds.items():
-            if not metrics.is_known_metric(metric):
-                raise ValueError(
-                    f"unknown metric {metric!r}; use a headline metric such as "
-                    "ttft_ms_p50, tpot_ms_mean, decode_tokens_per_s"
-                )
-            if value == 0 or not math.isfinite(value):
-                raise ValueError(f"threshold for {metric} must be a non-zero percentage")
-        return thresholds
+            signed[metric] = signed_threshold(metric, value)
+        return {**metrics.DEFAULT_THRESHOLDS_PCT, **signed}
+
+
+def signed_threshold(metric: str, value: float) -> float:
+    """A threshold as the verdict takes it (``tasks.report.regression``): + for a metric whose
+    rise is worse, - for one whose drop is worse; a positive magnitude of the latter gets its
+    minus sign here.
+
+    Raises:
+        ValueError: an unknown metric, zero or not finite, or a sign contrary to the metric's
+            worse direction (``ttft_ms_p50: -15``): the message names the metric and the fix.
+    """
+    if not metrics.is_known_metric(metric):
+        raise ValueError(
+            f"unknown metric {metric!r}; use a headline metric such as ttft_ms_p50, tpot_ms_mean, "
+            "decode_tokens_per_s"
+        )
+    if value == 0 or not math.isfinite(value):
+        raise ValueError(
+            f"threshold for {metric} must be a non-zero percentage, e.g. {metric}: "
+            f"{_example(metric)} (got {value:g})"
+        )
+    worse = metrics.worse_direction(metric)
+    if worse == "lower":  # a drop is worse: -10, or its magnitude 10
+        return -abs(value)
+    if worse == "higher" and value < 0:
+        raise ValueError(
+            f"threshold for {metric} is {value:g}, but {metric} is worse when it grows: write "
+            f"{metric}: {-value:g} (it may grow {-value:g} % before it counts as a regression)"
+        )
+    return value
+
+
+def _example(metric: str) -> str:
+    return "-10" if metrics.worse_direction(metric) == "lower" else "15"
 
 
 # flow configs
@@ -75,6 +132,19 @@ class StreamFlowConfig(_Strict):
     endpoint: EndpointConfig = Field(default_factory=lambda: EndpointConfig())
     server: ServerConfig = Field(default_factory=lambda: ServerConfig())
     tracking: TrackingConfig = Field(default_factory=lambda: TrackingConfig())
+
+    @model_validator(mode="after")
+    def _burstiness(self) -> StreamFlowConfig:
+        _check_burstiness(self.stream)
+        return self
+
+
+def _check_burstiness(stream: StreamConfig) -> None:
+    """A flow whose levels are ``stream.request_rate``: a burstiness that cannot apply is refused
+    (:meth:`StreamConfig.burstiness_unused`), never ignored without a word."""
+    unused = stream.burstiness_unused() if stream.enabled else None
+    if unused:
+        raise ValueError(unused)
 
 
 class CapacityConfig(_Strict):
@@ -153,6 +223,11 @@ class AuditConfig(_Strict):
         description="Cron schedule for the served audit deployment (e.g. '0 3 * * *' "
         "nightly); empty = no schedule.",
     )
+
+    @model_validator(mode="after")
+    def _burstiness(self) -> AuditConfig:
+        _check_burstiness(self.stream)
+        return self
 
     @field_validator("schedule_cron")
     @classmethod

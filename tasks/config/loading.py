@@ -60,6 +60,8 @@ def describe_validation_error(
         # a check across fields of a part the user set some of (client_processes with
         # task_runner): its message names the fields and their flags; no location is a flag
         return f"{message}{suffix}"
+    if not loc and first["type"] == "value_error":  # a check across the parts: its message names them
+        return f"{source}: {message}{suffix}"
     return f"{source}: {where}: {message}{suffix}"
 
 

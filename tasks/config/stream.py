@@ -238,12 +238,30 @@ class StreamConfig(_Strict):
                 f"{given} is about the pause between a conversation's turns: give --turns N or "
                 "--dataset sharegpt-multiturn:PATH, or drop it"
             )
+        if trace and self.burstiness != 1.0:
+            raise ValueError(
+                f"stream.burstiness (--burstiness) {self.burstiness:g} shapes the gaps between arrivals "
+                "at a request rate, but a trace (--dataset mooncake:/trace:/azure:PATH) is sent at its "
+                "recorded times: drop burstiness (speed the trace with time_scale, --time-scale)"
+            )
         if not trace and self.time_scale != 1.0:
             raise ValueError(
                 "time_scale (--time-scale) speeds a recorded trace: give one with --dataset "
                 "mooncake:PATH, trace:PATH or azure:PATH, or drop it"
             )
         return self
+
+    def burstiness_unused(self) -> str | None:
+        """Why ``burstiness`` (other than 1) cannot shape this stream's arrivals when its levels
+        are its own ``request_rate``s (a stream, an audit; not a capacity search, which sets
+        the rates): every rate is inf, all requests at once. None when it can (or is 1)."""
+        if self.burstiness == 1.0 or any(rate is not None for rate in self.request_rate):
+            return None
+        return (
+            f"stream.burstiness (--burstiness) {self.burstiness:g} shapes the gaps between arrivals at "
+            "a request rate, but every stream.request_rate (--request-rate) is inf (all requests at "
+            "once): give a rate (e.g. --request-rate 4) or leave burstiness at 1"
+        )
 
     @field_validator("max_concurrency")
     @classmethod

@@ -203,6 +203,8 @@ class RegressionResult:
             "baseline_run_ids": self.baseline_run_ids,
             "incomparable": [d.to_dict() for d in self.differences] if self.incomparable else [],
             "forced": self.forced,
+            # the thresholds judged by (signed: + where a rise is worse, - where a drop is)
+            "thresholds_pct": {row.metric: row.threshold_pct for row in self.rows},
             "rows": [row.to_row() for row in self.rows],
         }
 

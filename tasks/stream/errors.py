@@ -272,3 +272,38 @@ def every_request_failed(levels: Iterable[dict]) -> str | None:
         return None
     first = measured[0]["error"]
     return f"every request failed; first error ({first['class']}): {first['message']}"
+
+
+def error_rate_exceeded(
+    levels: Iterable[dict], limit: float, setting: str = "regression.max_error_rate"
+) -> str | None:
+    """When a level's error rate (failed / measured requests, warm-up left out) exceeds
+    ``limit``: ``error rate 0.48 at concurrency 4 exceeds regression.max_error_rate 0.05; first
+    errors: server: HTTP 500 ... (x 12), ...`` naming the first level over it and the first 3
+    distinct errors of its failed requests (each with its count there), the error an audit ends
+    with (its run FAILED, never a baseline). None when no level exceeds it (or none measured)."""
+    for level in levels:
+        measured = [r for r in level["requests"] if not r["warmup"]]
+        failed = [r for r in measured if r["error"] is not None]
+        if not measured or len(failed) / len(measured) <= limit:
+            continue
+        seen: dict[tuple[str, str], int] = {}
+        for record in failed:
+            key = (record["error"]["class"], record["error"]["message"])
+            seen[key] = seen.get(key, 0) + 1
+        first = [f"{kind}: {_short(message)} (x {n})" for (kind, message), n in list(seen.items())[:3]]
+        more = f" and {len(seen) - 3} other kinds" if len(seen) > 3 else ""
+        where = f"concurrency {level['max_concurrency']}"
+        if level.get("request_rate") is not None:
+            where += f", {level['request_rate']:g} requests/s"
+        return (
+            f"error rate {len(failed) / len(measured):.2f} ({len(failed)} of {len(measured)} requests) "
+            f"at {where} exceeds {setting} {limit:g}; first errors: {', '.join(first)}{more}"
+        )
+    return None
+
+
+def _short(message: str, limit: int = 200) -> str:
+    """One line of an error message, cut at ``limit`` characters."""
+    line = " ".join(message.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

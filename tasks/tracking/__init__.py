@@ -51,6 +51,7 @@ from tasks.tracking.values import (  # noqa: F401  (canonical_param, flatten_par
     run_dict,
     run_page_url,
     runs_table_url,
+    shown_uri,
     ui_command,
 )
 
@@ -336,7 +337,7 @@ class Tracker:
         try:
             return self._client.get_run(run_id)
         except MlflowException:
-            raise LookupError(f"MLflow run {run_id!r} not found in {self.tracking_uri}") from None
+            raise LookupError(f"MLflow run {run_id!r} not found in {shown_uri(self.tracking_uri)}") from None
 
     def run_metrics(self, run_id: str) -> dict[str, float]:
         """The latest value of every metric of a run.
@@ -345,6 +346,14 @@ class Tracker:
             LookupError: no such run in this store (the message names the id and the store).
         """
         return dict(self._get_run(run_id).data.metrics)
+
+    def experiment_of(self, run_id: str) -> str:
+        """The name of the experiment that holds run ``run_id`` (any experiment of this store).
+
+        Raises:
+            LookupError: no such run in this store (the message names the id and the store).
+        """
+        return self._client.get_experiment(self._get_run(run_id).info.experiment_id).name
 
     def runs_by_id(self, run_ids: list[str]) -> list[dict]:
         """The named runs (any experiment of this store), in the order given, as plain dicts.

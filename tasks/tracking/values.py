@@ -80,6 +80,21 @@ def default_tracking_uri() -> str:
     return f"sqlite:///{store / 'mlflow.db'}"
 
 
+def shown_uri(uri: str) -> str:
+    """A tracking URI as a message may show it: a password in it (``postgresql://u:pw@host/db``)
+    replaced by ``***``."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    try:
+        url = urlsplit(uri)
+        if url.password is None:
+            return uri
+    except ValueError:  # a port that is not a number: nothing to hide that urlsplit could find
+        return uri
+    host = url.netloc.rpartition("@")[2]
+    return urlunsplit(url._replace(netloc=f"{url.username or ''}:***@{host}"))
+
+
 def artifact_root_for(uri: str) -> str | None:
     """Local artifact root beside a SQLite store; None lets a tracking server decide."""
     if uri.startswith("sqlite:///"):

@@ -71,7 +71,7 @@ def test_the_median_uses_only_audits_with_the_same_workload(tmp_path):
     alike = [_audit(tracker, _config(), {"ttft_ms_p50": v}) for v in (100.0, 104.0)]
     _audit(tracker, _config(prompts=["a much longer prompt " * 20]), {"ttft_ms_p50": 400.0})
     now = _audit(tracker, _config(), {}, finish=False)
-    cfg = RegressionConfig(thresholds_pct={"ttft_ms_p50": 15.0})
+    cfg = RegressionConfig(thresholds_pct={"ttft_ms_p50": 15.0}, min_baseline_audits=2)
     result = judge(tracker, now, {"ttft_ms_p50": 130.0}, IDENT, cfg)
     assert result.status == "regressed" and result.rows[0].baseline == 102.0
     assert sorted(result.baseline_run_ids) == sorted(alike)
@@ -103,7 +103,8 @@ def test_the_cli_names_the_regressed_metrics_and_the_baseline_runs(tmp_path, cap
     tracker, _ = _store(tmp_path)
     old = _audit(tracker, _config(), {"ttft_ms_p50": 100.0, "tpot_ms_mean": 10.0})
     now = _audit(tracker, _config(), {}, finish=False)
-    result = judge(tracker, now, {"ttft_ms_p50": 130.0, "tpot_ms_mean": 10.0}, IDENT, RegressionConfig())
+    one = RegressionConfig(min_baseline_audits=1)  # a verdict on one audit (the default wants 3)
+    result = judge(tracker, now, {"ttft_ms_p50": 130.0, "tpot_ms_mean": 10.0}, IDENT, one)
     print_verdict(result.to_dict())
     out = capsys.readouterr().out
     first = out.splitlines()[0]

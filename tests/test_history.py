@@ -175,6 +175,45 @@ def test_a_pinned_baseline_and_the_history_command(tmp_path):
     assert all(p["ci_low"] < p["value"] < p["ci_high"] for p in ttft["points"])
     assert "change point" in proc.stdout and "ttft_ms_p50" in proc.stdout
     assert (tmp_path / "plots" / "history_tpot_ms_mean.png").stat().st_size > 10_000
+    # the run-to-run spread known after each audit: the prior's alone after the first, the
+    # history's own once it outweighs the prior (4 audits: 3 df against the prior's 3 runs)
+    first, last = ttft["points"][0]["spread"], ttft["points"][-1]["spread"]
+    assert first["source"] == "the prior" and first["run_spread_pct"] == pytest.approx(5.0, abs=0.1)
+    assert last["trusted"] and last["history_df"] > 5 and last["df"] == pytest.approx(3 + last["history_df"])
+    assert "shared by ttft_ms_p50, tpot_ms_mean" in last["source"] and last["run_spread_pct"] < 5
+    since = ids.index(ttft["spread_trusted_since"])
+    assert 3 <= since <= 6 and all(p["spread"]["trusted"] for p in ttft["points"][since:])
+    assert not any(p["spread"]["trusted"] for p in ttft["points"][:3])
+    assert f"trustworthy since audit {since + 1} (run {ids[since][:8]})" in proc.stdout
+
+
+def test_a_new_endpoint_builds_its_baseline_then_each_row_records_its_spread(tmp_path):
+    """Fewer audits than a verdict needs (regression.min_baseline_audits, 3): "building a
+    baseline: N of M", no verdict claimed, tagged so, joined by the next; then every judged row
+    records the run-to-run spread it used, its degrees of freedom and where they came from."""
+    rng = np.random.default_rng(11)
+    store = Store(tmp_path)
+    first, none = store.audit(requests(rng))
+    assert none is None
+    built = [store.audit(requests(rng)) for _ in range(2)]
+    for count, (run_id, result) in enumerate(built, start=1):
+        assert result.status == "building" and result.rows == [] and not result.regressed
+        assert result.line() == f"building a baseline: {count} of 3 audits"
+        assert result.to_dict()["building"] == {"audits": count, "needed": 3}
+        tags = store.tracker.runs_by_id([run_id])[0]["tags"]
+        assert tags["verdict"] == "building" and tags["regression"] == "building"
+    assert sorted(built[1][1].baseline_run_ids) == sorted([first, built[0][0]])
+    run_id, judged = store.audit(requests(rng, speed=1.35))
+    assert judged.status == "regressed" and len(judged.baseline_run_ids) == 3, judged.markdown()
+    spread = judged.to_dict()["rows"][0]["run_spread"]
+    assert spread["audits"] == 3 and spread["prior_df"] == 3
+    assert spread["df"] == pytest.approx(spread["prior_df"] + spread["history_df"])
+    assert 0 < spread["history_df"] <= 2  # 3 audits in one segment: at most 2 df
+    assert spread["source"].startswith("the audit history (3 audits, 2 df; shared by ttft_ms_p50")
+    assert spread["source"].endswith("and the prior (5 % worth 3 runs)")
+    folder = MlflowClient(store.tracker.tracking_uri).download_artifacts(run_id, "", str(tmp_path / "dl"))
+    rows = json.loads(Path(folder, "regression.json").read_text())["rows"]
+    assert rows[0]["run_spread"] == spread
 
 
 def test_a_store_whose_audits_kept_no_samples_is_judged_by_the_old_rule_and_says_so(tmp_path):
@@ -220,8 +259,13 @@ def test_run_spread_cuts_at_the_baselines_confirmed_change_point():
     ]  # fmt: skip
     history = audit_history.build(runs, ["ttft_ms_p50"])
     assert history.metrics["ttft_ms_p50"].change_points == (7,)
-    own = history.run_spread("ttft_ms_p50")
-    assert own.df == 8 and own.sd_log < 0.1
-    assert history.run_spread("ttft_ms_p50", (7,)) == own  # the baseline's point: the same cut
-    assert history.run_spread("ttft_ms_p50", (None,)) == own
-    assert history.run_spread("ttft_ms_p50", (4,)).df == 7  # a cut of its own: one more segment
+    spread = lambda cuts=(): history.run_spreads(["ttft_ms_p50"], cuts)["ttft_ms_p50"]  # noqa: E731
+    own = spread()
+    assert own.audits == 10 and "8 df" in own.source and own.sd_log < 0.1
+    assert spread((7,)) == own  # the baseline's point: the same cut
+    assert spread((None,)) == own
+    assert "7 df" in spread((4,)).source  # a cut of its own: one more segment
+    # without any segment the step is counted as spread (the prior outweighed)
+    whole = audit_history.build(runs, ["ttft_ms_p50"])
+    object.__setattr__(whole.metrics["ttft_ms_p50"], "change_points", ())
+    assert whole.run_spreads(["ttft_ms_p50"])["ttft_ms_p50"].sd_log > 0.15

@@ -102,7 +102,7 @@ def command(
     if not verdict and result["mlflow_run_id"] and not result["errors"]:
         console.print(
             "Regression verdict: no baseline yet (the first audit of this endpoint and "
-            "model; later audits compare with it)"
+            "model; later audits compare with it once there are regression.min_baseline_audits)"
         )
     if verdict:
         print_verdict(verdict)
@@ -119,6 +119,15 @@ def print_verdict(verdict: dict) -> None:
     how the baseline was chosen and its runs; for an incomparable baseline the fields that
     differ."""
     ids = ", ".join(verdict.get("baseline_run_ids") or [])
+    if verdict.get("building"):
+        have, need = verdict["building"]["audits"], verdict["building"]["needed"]
+        console.print(
+            f"Regression verdict: building a baseline: {have} of {need} audits (no verdict until "
+            f"{need} audits of this endpoint, model and workload; this one joins them)",
+            highlight=False,
+        )
+        console.print(f"Audits so far: {ids}", highlight=False)
+        return
     if verdict.get("status") == "incomparable":
         fields = "; ".join(
             f"{d['field']} {d['current']} vs {d['baseline']}" for d in verdict.get("incomparable", [])

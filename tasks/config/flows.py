@@ -53,6 +53,27 @@ class RegressionConfig(_Strict):
         description="Confidence of each change's interval; 1 - confidence is the family-wise "
         "false-alarm rate across the judged metrics (Holm).",
     )
+    run_spread_prior_pct: float = Field(
+        5.0,
+        gt=0,
+        le=100,
+        description="The guessed run-to-run spread (percent: whole audits of one endpoint differ "
+        "by about this much) before the history has shown its own; see the README's verdict "
+        "section for when to change it.",
+    )
+    run_spread_prior_runs: float = Field(
+        3.0,
+        gt=0,
+        le=1000,
+        description="How many audits' worth of evidence the guessed spread counts as: the "
+        "history's audits outweigh it once they are more.",
+    )
+    min_baseline_audits: int = Field(
+        3,
+        ge=1,
+        description="Audits of the same endpoint, model and workload needed before a verdict; "
+        "fewer: 'building a baseline: N of M' (exit 0, no verdict).",
+    )
     fail_on_regression: bool = Field(False, description="End the flow run Failed on a regression.")
     force_baseline: bool = Field(
         False,

@@ -24,6 +24,7 @@ from tasks.config import RegressionConfig
 from tasks.report import history as audit_history
 from tasks.report.regression import MetricVerdict, counts, counts_text, overall, verdict, verdict_markdown
 from tasks.stats.samples import Samples, from_rows, rows
+from tasks.stats.spread import SpreadPrior
 from tasks.tracking import Tracker
 
 #: The parent run's artifact with the samples behind its headline (``tasks.stats.samples``).
@@ -147,6 +148,8 @@ class RegressionResult:
     confidence: float = 0.95  #: the intervals' level (``regression.confidence``)
     baseline_note: str = ""
     history: audit_history.History | None = None
+    #: (audits so far, audits needed) while the history is too short for a verdict, else None
+    building: tuple[int, int] | None = None
 
     @property
     def incomparable(self) -> bool:
@@ -158,6 +161,8 @@ class RegressionResult:
 
     @property
     def status(self) -> str:
+        if self.building is not None:
+            return "building"
         return "incomparable" if self.incomparable else overall(self.rows)
 
     @property
@@ -171,11 +176,19 @@ class RegressionResult:
     def line(self) -> str:
         """The one line a scheduled run's reader sees: ``regressed (2 regressed, 0 improved,
         6 unchanged, 2 inconclusive)``, or ``incomparable``."""
+        if self.building is not None:
+            return "building a baseline: {} of {} audits".format(*self.building)
         return self.status if self.incomparable else f"{self.status} ({counts_text(self.rows)})"
 
     def markdown(self) -> str:
         ids = "\n".join(f"- `{run_id}`" for run_id in self.baseline_run_ids)
         differ = "\n".join(f"- {d.text()} (run `{d.baseline_run_id}`)" for d in self.differences)
+        if self.building is not None:
+            return (
+                f"# Regression verdict: {self.line()}\n\nNo verdict yet: a verdict needs "
+                f"{self.building[1]} earlier audits of the same endpoint, model and workload "
+                f"(regression.min_baseline_audits); this audit joins them.\n\nAudits so far:\n\n{ids}\n"
+            )
         if self.incomparable:
             return (
                 "# Regression verdict: incomparable\n\nNo verdict: the baseline's workload differs "
@@ -205,6 +218,9 @@ class RegressionResult:
             "forced": self.forced,
             # the thresholds judged by (signed: + where a rise is worse, - where a drop is)
             "thresholds_pct": {row.metric: row.threshold_pct for row in self.rows},
+            "building": None
+            if self.building is None
+            else {"audits": self.building[0], "needed": self.building[1]},
             "rows": [row.to_row() for row in self.rows],
         }
 
@@ -309,6 +325,19 @@ def judge(
     mine_workload = workload(mine)
     alike = [r for r in audits if not workload_differences(mine_workload, workload(r), r["run_id"])]
     history = audit_history.build(list(reversed(alike)), list(cfg.thresholds_pct))
+    if not pinned_runs and alike and len(alike) < cfg.min_baseline_audits:
+        return _record(
+            tracker,
+            run_id,
+            RegressionResult(
+                [],
+                "the audits so far",
+                [r["run_id"] for r in alike],
+                confidence=cfg.confidence,
+                history=history,
+                building=(len(alike), cfg.min_baseline_audits),
+            ),
+        )
     note, cuts = "", ()
     if pinned_runs:
         runs, differences = choose(mine_workload, pinned_runs, len(pinned_runs), cfg.force_baseline)
@@ -339,7 +368,8 @@ def judge(
         runs, kept = [r for r, k in zip(runs, kept) if k is not None], [k for k in kept if k is not None]
         ids = [r["run_id"] for r in runs]
         label += f" ({len(runs)} of them kept samples: those)"
-    spreads = {m: sp for m in cfg.thresholds_pct if (sp := history.run_spread(m, cuts)) is not None}
+    prior = SpreadPrior(cfg.run_spread_prior_pct / 100, cfg.run_spread_prior_runs)
+    spreads = history.run_spreads(list(cfg.thresholds_pct), cuts, prior)
     metric_rows = (
         verdict(
             current,
@@ -364,12 +394,19 @@ def judge(
         note,
         None if pinned_runs else history,
     )
+    return _record(tracker, run_id, result)
+
+
+def _record(tracker: Tracker, run_id: str, result: RegressionResult) -> RegressionResult:
+    """The verdict on ``run_id``: its tags (``verdict``, ``regression``, ``baseline_run_ids``,
+    ``verdict.<metric>``) and artifacts (``regression.md``, ``regression.json``)."""
+    regression = "incomparable" if result.incomparable else str(result.regressed).lower()
     tracker.set_tags(
         run_id,
         {
             audit_history.VERDICT_TAG: result.status,
-            "regression": "incomparable" if result.incomparable else str(result.regressed).lower(),
-            "baseline_run_ids": ",".join(ids)[:5000],
+            "regression": "building" if result.building else regression,
+            "baseline_run_ids": ",".join(result.baseline_run_ids)[:5000],
             **{f"verdict.{row.metric}": row.verdict for row in result.rows},
         },
     )

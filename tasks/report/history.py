@@ -22,8 +22,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from tasks.stats.changepoint import Segment, change_points, segments
+from tasks.stats.spread import Deviations, RunSpread, SpreadPrior, shared
 from tasks.stats.stretch import BaselineChoice, choose_baseline
-from tasks.stats.verdict import RunSpread
 
 #: The run tag that holds an audit's overall verdict (regressed / improved / unchanged /
 #: inconclusive / incomparable); audits logged before it have only ``regression`` = true/false.
@@ -122,6 +122,29 @@ class History:
         ]
         return build(runs, list(self.metrics))
 
+    def head(self, count: int) -> History:
+        """The first ``count`` audits, with the change points found on the whole history (no
+        new search: the segmentation known now)."""
+        out = {}
+        for name, h in self.metrics.items():
+            points = tuple(p for p in h.change_points if p < count)
+            values = h.values[:count]
+            out[name] = MetricHistory(
+                name, values, h.lows[:count], h.highs[:count], points, tuple(segments(values, list(points)))
+            )
+        return History(self.audits[:count], out)
+
+    def spread_learned(self, metrics: Sequence[str], prior: SpreadPrior) -> dict[str, list[RunSpread]]:
+        """Per metric, the run-to-run spread known after each audit (:meth:`run_spreads` of the
+        first 1, 2, ... audits): how the estimate moved from the prior to the history's own,
+        and from which audit on it is trustworthy (:attr:`tasks.stats.spread.RunSpread.trusted`)."""
+        out: dict[str, list[RunSpread]] = {m: [] for m in metrics if m in self.metrics}
+        for count in range(1, len(self.audits) + 1):
+            known = self.head(count).run_spreads(list(out), (), prior)
+            for metric in out:
+                out[metric].append(known[metric])
+        return out
+
     def baseline(self, *, min_runs: int = 3, max_runs: int = 10) -> BaselineChoice:
         """The verdict's baseline over this history (:func:`tasks.stats.changepoint.choose_baseline`)."""
         return choose_baseline(
@@ -132,46 +155,58 @@ class History:
             max_runs=max_runs,
         )
 
-    def run_spread(self, metric: str, cuts: Sequence[int | None] = ()) -> RunSpread | None:
-        """How much whole audits differ on ``metric``, net of their own sampling noise: the
-        pooled standard deviation of ``log(figure / its segment's geometric mean)`` over the
-        segments (audits judged regressed or improved left out), minus the mean squared standard
-        error of the log figure (from each logged 95 % interval), on ``n - segments`` degrees of
-        freedom (the one-way random-effects moment estimate: Searle, Casella & McCulloch,
-        *Variance Components*, 1992, sec. 3.5). None with fewer than 2 degrees of freedom.
+    def run_spreads(
+        self, metrics: Sequence[str], cuts: Sequence[int | None] = (), prior: SpreadPrior = SpreadPrior()
+    ) -> dict[str, RunSpread]:
+        """How much whole audits differ on each of ``metrics``, net of their own sampling noise,
+        learned from the whole history and ``prior`` (:mod:`tasks.stats.spread`): per stage,
+        the metrics' log deviations from their segments' means (audits judged regressed or
+        improved left out; each audit's noise from its logged 95 % interval) pooled into the
+        spread they share.
 
-        ``cuts``: more segment starts than the metric's own change points: the baseline choice's
-        confirmed change points (:meth:`baseline`, found on all metrics together; every one, not
-        only the last: after a step up and back the raised stretch is otherwise pooled with the
-        normal runs while this metric's own E-Divisive has not cut it yet). A step that
-        this metric's own E-Divisive missed (10 audits, a x1.43 step: missed in 14 of 18 series of
-        TTFT p50, ITL p90 and TPOT in 6 such histories at sigma 0.25, before the weak level of
-        :mod:`tasks.stats.changepoint`) would otherwise count as run-to-run spread (18-26 % where
-        the runs differ by 5 %)."""
-        history = self.metrics.get(metric)
-        if history is None:
-            return None
+        The segments: every metric's own change points and ``cuts`` (the baseline choice's
+        confirmed change points, :meth:`baseline`), one segmentation for all: a step any metric
+        shows, or the choice confirmed, is a segment's end for every metric, so a step is never
+        counted as spread (a x1.43 step that one metric's E-Divisive missed had read as 18-26 %
+        of spread where runs differ by 5 %)."""
+        from tasks.metrics import lookup
+
+        out: dict[str, RunSpread] = {}
+        by_stage: dict[str, list[str]] = {}
+        for metric in metrics:
+            if metric in self.metrics:
+                by_stage.setdefault(lookup(metric).stage, []).append(metric)
+        size = len(self.audits)
+        for names in by_stage.values():
+            points = {int(c) for c in cuts if c is not None and 0 < c < size}
+            for name in names:
+                points.update(self.metrics[name].change_points)
+            evidence = [self._deviations(name, sorted(points)) for name in names]
+            signs = {name: (1.0 if lookup(name).worse == "higher" else -1.0) for name in names}
+            out.update(shared(evidence, prior, signs))
+        return out
+
+    def _deviations(self, metric: str, points: Sequence[int]) -> Deviations:
+        """``metric``'s log deviations from its segments' means (:class:`tasks.stats.spread.Deviations`)."""
+        history = self.metrics[metric]
         size = len(history.values)
-        points = sorted({*history.change_points, *(int(c) for c in cuts if c is not None and 0 < c < size)})
-        squares, n, groups, noise = 0.0, 0, 0, []
-        for segment in segments(history.values, points) if points else history.segments:
-            logs = []
+        deviations, noise = [math.nan] * size, [math.nan] * size
+        df = 0
+        for segment in segments(history.values, list(points)) if points else [Segment(0, size, 0.0)]:
+            kept = []
             for i in range(segment.start, segment.stop):
                 value, low, high = history.values[i], history.lows[i], history.highs[i]
                 if not (math.isfinite(value) and value > 0) or self.audits[i].verdict in JUDGED_OFF:
                     continue
-                logs.append(math.log(value))
+                kept.append(i)
                 if low is not None and high is not None and low > 0 and high > 0:
-                    noise.append(((math.log(high) - math.log(low)) / (2 * _Z95)) ** 2)
-            if len(logs) >= 2:
-                mean = sum(logs) / len(logs)
-                squares += sum((x - mean) ** 2 for x in logs)
-                n, groups = n + len(logs), groups + 1
-        df = n - groups
-        if df < 2:
-            return None
-        within = sum(noise) / len(noise) if noise else 0.0
-        return RunSpread(math.sqrt(max(0.0, squares / df - within)), df, f"the audit history ({n} audits)")
+                    noise[i] = ((math.log(high) - math.log(low)) / (2 * _Z95)) ** 2
+            if len(kept) >= 2:
+                mean = sum(math.log(history.values[i]) for i in kept) / len(kept)
+                for i in kept:
+                    deviations[i] = math.log(history.values[i]) - mean
+                df += len(kept) - 1
+        return Deviations(metric, tuple(deviations), tuple(noise), df)
 
 
 def build(runs: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> History:

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 
@@ -77,6 +78,9 @@ class MetricVerdict:
     verdict: str = "unchanged"
     p_value: float | None = None
     rule: str = "legacy"
+    #: the run-to-run spread the test used (:meth:`tasks.stats.spread.RunSpread.to_dict`: its
+    #: percent, degrees of freedom and their source: the prior, the history); None: none
+    run_spread: dict | None = None
 
     def to_row(self) -> dict:
         return asdict(self)
@@ -158,8 +162,8 @@ def verdict(
     per baseline run are all given; else the legacy rule (one baseline run: its value, no
     spread; several: their median, with min..max as spread), its rows' notes saying so. Either
     way the baseline figure is the median of the runs' logged values. ``spreads``: per metric,
-    how much whole runs differ as the audit history shows it (:class:`tasks.stats.verdict.RunSpread`),
-    for a baseline of fewer runs than :data:`tasks.stats.verdict.MIN_BASELINE_RUNS`.
+    how much whole runs differ as the audit history and its prior know it
+    (:class:`tasks.stats.spread.RunSpread`, :meth:`tasks.report.history.History.run_spreads`).
     ``client_bound``: the current run's measured stream level was flagged client-bound
     (``tasks.stream.quality``): its stream figures that moved read inconclusive
     (:func:`client_limited`).
@@ -214,6 +218,10 @@ def verdict(
             pooled.get(group, []),
             confidence=confidence,
             resamples=resamples,
+            # one seed per group: a group's metrics share their draws (the same requests and
+            # whole-run draws: their joint distribution, tasks.stats.verdict.max_t_adjusted),
+            # another group's are independent of them
+            seed=zlib.crc32(group.encode()),
             spread=(spreads or {}).get(metric),
         )
     tail_thresholds: dict[str, float] = {}
@@ -262,6 +270,7 @@ def verdict(
                 judged.verdict,
                 None if c is None else c.p_value,
                 "samples",
+                None if c is None or c.spread is None else c.spread.to_dict(),
             )
         )
     by_metric = {row.metric: row for row in rows} | legacy

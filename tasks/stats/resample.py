@@ -94,10 +94,15 @@ class Pool:
                 np.array(owner, dtype=np.int64)[order],
             )
 
-    def counts(self, draws: int, rng: np.random.Generator) -> np.ndarray:
-        """``(draws, clusters)`` counts of each cluster in each two-level draw."""
+    def counts(self, draws: int, rng: np.random.Generator, within_only: bool = False) -> np.ndarray:
+        """``(draws, clusters)`` counts of each cluster in each two-level draw; ``within_only``:
+        every unit once, its clusters resampled (the stratified bootstrap: the units' own
+        spread left out, for a caller that adds the run-to-run part itself)."""
         units = len(self.sizes)
-        multiplicity = rng.multinomial(units, [1 / units] * units, size=draws)
+        if within_only:
+            multiplicity = np.ones((draws, units), dtype=np.int64)
+        else:
+            multiplicity = rng.multinomial(units, [1 / units] * units, size=draws)
         return np.concatenate(
             [rng.multinomial(multiplicity[:, u] * n, [1 / n] * n) for u, n in enumerate(self.sizes) if n],
             axis=1,
@@ -142,9 +147,14 @@ class Pool:
 
 
 def relative_draws(
-    units: Sequence[Unit], est: Estimator, resamples: int, rng: np.random.Generator
+    units: Sequence[Unit],
+    est: Estimator,
+    resamples: int,
+    rng: np.random.Generator,
+    within_only: bool = False,
 ) -> np.ndarray | None:
-    """``resamples`` draws of ``statistic(draw) / statistic(all)`` for one side (None: no samples)."""
+    """``resamples`` draws of ``statistic(draw) / statistic(all)`` for one side (None: no
+    samples); ``within_only``: :meth:`Pool.counts`'."""
     if not units or not any(unit.size for unit in units):
         return None
     pool = Pool(units, [est.family] + ([est.per] if est.per else []))
@@ -153,7 +163,7 @@ def relative_draws(
         return None
     block = max(1, min(resamples, 4_000_000 // max(1, pool.values[est.family][0].size)))  # ~32 MB a block
     draws = [
-        pool.statistic(est, pool.counts(min(block, resamples - done), rng))
+        pool.statistic(est, pool.counts(min(block, resamples - done), rng, within_only))
         for done in range(0, resamples, block)
     ]
     return np.concatenate(draws) / whole

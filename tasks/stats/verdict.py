@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from statistics import NormalDist
 
 import numpy as np
@@ -50,6 +50,7 @@ import numpy as np
 from tasks.stats.interval import enough_for
 from tasks.stats.resample import Estimator, Pool, estimator, relative_draws
 from tasks.stats.samples import Samples, Unit
+from tasks.stats.spread import RunSpread
 from tasks.stats.tails import TailShift
 from tasks.stats.tails import describe as tail_describe
 
@@ -62,18 +63,6 @@ VERDICTS = ("regressed", "improved", "unchanged", "inconclusive")
 
 #: Fewest baseline runs whose spread the verdict trusts on its own; fewer: the history's, or none.
 MIN_BASELINE_RUNS = 3
-
-
-@dataclass(frozen=True)
-class RunSpread:
-    """How much whole runs differ: ``sd_log``, the standard deviation of the natural log of a
-    run's figure over its segment's (0.05 = runs differ by about 5 %), on ``df`` degrees of
-    freedom, from ``source`` (the baseline runs' samples, or the audit history's run-level
-    figures: :func:`tasks.report.history.run_spread`)."""
-
-    sd_log: float
-    df: int
-    source: str
 
 
 @dataclass(frozen=True)
@@ -95,6 +84,11 @@ class Change:
     between_share: float = 0.0
     spread: RunSpread | None = None
     baseline_runs: int = 1
+    #: the change's draws of ``log(current / baseline)`` relative to the figures' (NaN where a
+    #: draw has none), aligned draw by draw with the other metrics' of the same call (the same
+    #: resampled requests and whole-run draws): the joint null distribution of
+    #: :func:`max_t_adjusted`; None: not kept
+    log_draws: np.ndarray | None = field(default=None, repr=False, compare=False)
 
 
 def change(
@@ -143,28 +137,40 @@ def change(
     if not (math.isfinite(current) and math.isfinite(baseline)) or baseline == 0:
         return "no change can be computed (a figure that is 0 or not finite)"
     rng = np.random.default_rng(seed)
-    cur = relative_draws(current_units, est, resamples, rng)
-    base = relative_draws(baseline_units, est, resamples, rng)
-    if cur is None or base is None:
-        return "no change can be computed (a statistic of 0 or not finite in the samples)"
-    within_var = float(np.var(np.log(cur[cur > 0]))) if np.any(cur > 0) else 0.0
-    borrowed: RunSpread | None = None
     units = len(baseline_units)
+    borrowed: RunSpread | None = None
     if len(current_units) > 1:  # the current side's own units carry the spread
         borrowed = RunSpread(0.0, len(current_units) - 1, "the current run's own units")
-    elif spread is not None and (units < MIN_BASELINE_RUNS or spread.df > units - 1):
-        borrowed = spread  # the history's: known on more degrees of freedom
-    elif units >= 2:
+    elif spread is not None:
+        borrowed = spread  # the history's with its prior: every baseline run is in it
+    # with a borrowed spread the baseline's runs are kept as they are (their requests
+    # resampled): the spread's draws carry how far their mean may lie from the normal
+    within_only = borrowed is spread and spread is not None
+    cur = relative_draws(current_units, est, resamples, rng)
+    base = relative_draws(baseline_units, est, resamples, rng, within_only=within_only)
+    if cur is None or base is None:
+        return "no change can be computed (a statistic of 0 or not finite in the samples)"
+    if borrowed is None and units >= 2:
         # the runs' deviations carry each run's own sampling noise too: take it out (the one-way
         # random-effects moment estimate, between = total - within: Searle, Casella & McCulloch,
         # Variance Components, 1992, sec. 3.5), the within part from the current run's draws
+        within_var = float(np.var(np.log(cur[cur > 0]))) if np.any(cur > 0) else 0.0
         deviations = float(np.var(np.log(_run_deviations(baseline_units, est)), ddof=1))
         own = math.sqrt(max(0.0, deviations - within_var))
         borrowed = RunSpread(own, units - 1, f"the {units} baseline runs")
     with np.errstate(divide="ignore", invalid="ignore"):
         log_ratios = np.log(cur) - np.log(base)
-    if len(current_units) == 1 and borrowed is not None and borrowed.sd_log > 0:
-        log_ratios = _with_run_spread(log_ratios, borrowed, units, rng)
+    within_total = float(np.var(log_ratios[np.isfinite(log_ratios)]))
+    between_var = 0.0
+    if len(current_units) == 1 and borrowed is not None:
+        # a new run is one more draw of the machine's state; with the baseline's runs kept as
+        # they are, their mean is U more (the prediction of a new run from U runs: Hahn &
+        # Meeker, Statistical Intervals, 1991, sec. 4.6): the spread's part is tau^2 (1 + 1/U),
+        # tau^2 drawn from what is known of it (tasks.stats.spread)
+        scale = (1 + 1 / max(units, 1)) if within_only else 1.0
+        tau2 = borrowed.variance_draws(log_ratios.size, rng)
+        log_ratios = log_ratios + np.sqrt(scale * tau2) * rng.standard_normal(log_ratios.size)
+        between_var = scale * borrowed.sd_log**2
     draws = 100.0 * (current / baseline * np.exp(log_ratios) - 1.0)
     draws = draws[np.isfinite(draws)]
     if draws.size < 2:
@@ -175,43 +181,27 @@ def change(
     p = min(1.0, 2 * min((1 + np.sum(draws <= 0)) / (n + 1), (1 + np.sum(draws >= 0)) / (n + 1)))
     clusters = min(sum(u.size for u in current_units), sum(u.size for u in baseline_units))
     point = 100.0 * (current / baseline - 1.0)
-    # the change's log-variance: that of the log-ratio draws (a draw of -100 % has none)
-    total_var = float(np.var(log_ratios[np.isfinite(log_ratios)]))
-    base_logs = np.log(base[base > 0])
-    cur_clusters = sum(u.size for u in current_units)
-    base_clusters = max(1, sum(u.size for u in baseline_units))
-    # the baseline side's within-run part: all of it with one unit; with several, the same
-    # per-request noise over base_clusters requests (the rest of its variance is between runs)
-    within = within_var + (
-        float(np.var(base_logs)) if units == 1 else within_var * cur_clusters / base_clusters
-    )
-    between_share = 0.0 if total_var <= 0 else min(1.0, max(0.0, 1.0 - within / total_var))
+    total_var = within_total + between_var
+    between_share = 0.0 if total_var <= 0 else min(1.0, between_var / total_var)
+    if len(current_units) > 1 or (borrowed is not None and not within_only):
+        # the baseline's (or the current's) own units were resampled: their spread is in the
+        # draws; its share, the part of the draws' variance the one-unit draws lack
+        one_unit = float(np.var(np.log(cur[cur > 0]))) if np.any(cur > 0) else 0.0
+        drawn = float(np.var(log_ratios[np.isfinite(log_ratios)]))
+        between_share = 0.0 if drawn <= 0 else min(1.0, max(0.0, 1 - 2 * one_unit / drawn))
     return Change(
-        metric, point, low, high, float(p), (high - low) / 2, clusters, between_share, borrowed, units
+        metric,
+        point,
+        low,
+        high,
+        float(p),
+        (high - low) / 2,
+        clusters,
+        between_share,
+        borrowed,
+        units,
+        log_ratios,
     )
-
-
-def _with_run_spread(
-    log_ratios: np.ndarray, spread: RunSpread, baseline_units: int, rng: np.random.Generator
-) -> np.ndarray:
-    """The change's log-ratio draws with one current run's run-to-run part added: a new run is
-    one more draw of the machine's run-to-run state, ``s x z`` (the prediction of a new run from
-    U runs: Hahn & Meeker, Statistical Intervals, 1991, sec. 4.6; the resampled baseline side
-    carries the mean's own 1 / U part), then the whole draw widened as Student's t on the
-    Satterthwaite degrees of freedom of its variance (Satterthwaite, Biometrics Bulletin 2, 1946;
-    the df of linear mixed models' tests, as lmerTest computes them): ``s`` is known on
-    ``spread.df`` degrees of freedom, the within-run parts on the requests' (many), so
-    ``nu = V^2 / ((s^2 (1 + 1/U))^2 / df)``, at least ``df``. A spread small beside the
-    requests' noise leaves the interval nearly normal; one that dominates gives ``t(df)``, as the
-    prediction interval of U runs alone would (measured on the instrument:
-    tests/benchmarks/verdict_error_rates.py --histories)."""
-    finite = log_ratios[np.isfinite(log_ratios)]
-    drawn = log_ratios + spread.sd_log * rng.standard_normal(log_ratios.size)
-    between_var = spread.sd_log**2 * (1 + 1 / max(baseline_units, 1))
-    total_var = float(np.var(finite)) + spread.sd_log**2
-    df = max(spread.df, 1)
-    nu = max(float(df), total_var**2 / (between_var**2 / df))
-    return drawn * np.sqrt(nu / rng.chisquare(nu, log_ratios.size))
 
 
 def _run_deviations(units: Sequence[Unit], est: Estimator) -> np.ndarray:
@@ -236,6 +226,83 @@ def holm(p_values: Sequence[float], alpha: float) -> list[bool]:
             break
         rejected[index] = True
     return rejected
+
+
+def holm_adjusted(p_values: Sequence[float]) -> list[float]:
+    """Holm's adjusted p-values (Holm 1979; Westfall & Young 1993, eq. 2.6):
+    ``max over i <= j of min(1, (J - i + 1) p_(i))`` in the order of the p-values."""
+    order = sorted(range(len(p_values)), key=lambda i: p_values[i])
+    out, running = [1.0] * len(p_values), 0.0
+    for rank, index in enumerate(order):
+        running = max(running, min(1.0, (len(p_values) - rank) * p_values[index]))
+        out[index] = running
+    return out
+
+
+def max_t_adjusted(changes: Mapping[str, Change]) -> dict[str, float]:
+    """Family-wise adjusted p-values of ``changes`` by the step-down max-T of Westfall & Young
+    (*Resampling-Based Multiple Testing*, 1993, Algorithm 2.8) on their joint draws: each
+    change's statistic ``|log(current / baseline)| / sd``, its null draws ``|draw| / sd`` (a
+    draw is the log of the change's factor about the figures' ratio: the draws as they would
+    fall about no change, the raw p-value's reading of them), and for the j-th largest statistic the
+    share of draws whose maximum over the j-th and smaller ones reaches it (+1 correction,
+    Davison & Hinkley eq. 4.11), made monotone. Where metrics move together (one machine's load
+    moves every latency of a run) their maximum is hardly larger than one of them, and the
+    correction is as small as the correlation allows; independent metrics get about Holm's.
+    Changes without aligned draws get Holm's adjusted p-values among themselves."""
+    names = list(changes)
+    arrays = [changes[m].log_draws for m in names]
+    sizes = {a.size for a in arrays if a is not None}
+    if not names or any(a is None for a in arrays) or len(sizes) != 1:
+        return dict(zip(names, holm_adjusted([changes[m].p_value for m in names])))
+    draws = np.vstack(arrays)  # (metrics, draws)
+    observed = np.array([math.log1p(changes[m].change_pct / 100) for m in names])
+    with np.errstate(invalid="ignore"):
+        sd = np.nanstd(draws, axis=1)
+        sd[~(sd > 0)] = np.inf
+        stat = np.abs(observed) / sd
+        null = np.abs(draws) / sd[:, None]  # the draws vary the figures' ratio about the change
+    null = np.nan_to_num(null, nan=0.0)
+    order = np.argsort(-stat)
+    adjusted, running = {}, 0.0
+    n = draws.shape[1]
+    for rank, index in enumerate(order):
+        tail_max = null[order[rank:]].max(axis=0)
+        p = (1 + int(np.sum(tail_max >= stat[index]))) / (n + 1)
+        running = max(running, p)
+        adjusted[names[index]] = min(1.0, running)
+    return adjusted
+
+
+#: The weights of weighted Holm between the metrics' changes (one family, max-T inside) and a
+#: tail's two one-sided hypotheses: each tail hypothesis keeps the share of alpha Holm over ten
+#: hypotheses gave it (1/10), the changes have the rest (Holm 1979 allows weights; Westfall &
+#: Krishen, J. Stat. Plan. Inference 99, 2001).
+TAIL_WEIGHT = 0.1
+
+
+def family_rejected(
+    adjusted: Mapping[str, float], tails: Mapping[str, float], alpha: float
+) -> dict[str, bool]:
+    """Which hypotheses are rejected at family-wise level ``alpha``: the changes (their
+    family-adjusted p-values, ``adjusted``) as one weighted unit of weight ``1 - 2 x
+    TAIL_WEIGHT`` x their share, each tail hypothesis (``tails``: raw p-values) of weight
+    :data:`TAIL_WEIGHT`, by weighted Holm's step-down: a unit is tested at ``alpha x its
+    weight / the weights of the units not yet rejected``, until nothing more is rejected."""
+    rejected = dict.fromkeys([*adjusted, *tails], False)
+    block = 1.0 - TAIL_WEIGHT * len(tails) if tails else 1.0
+    while True:
+        open_changes = [m for m in adjusted if not rejected[m]]
+        open_tails = [t for t in tails if not rejected[t]]
+        total = (block if open_changes else 0.0) + TAIL_WEIGHT * len(open_tails)
+        if total <= 0:
+            return rejected
+        newly = [m for m in open_changes if adjusted[m] <= alpha * block / total]
+        newly += [t for t in open_tails if tails[t] <= alpha * TAIL_WEIGHT / total]
+        if not newly:
+            return rejected
+        for name in newly:
+            rejected[name] = True
 
 
 @dataclass(frozen=True)
@@ -309,7 +376,7 @@ def more_audits(c: Change, threshold_pct: float, tested: int = 1, confidence: fl
         target *= NormalDist().inv_cdf(z) / NormalDist().inv_cdf(1 - alpha / (2 * tested))
     if target <= 0.05 * limit:
         return None
-    runs = max(c.baseline_runs, c.spread.df + 1)
+    runs = max(c.baseline_runs, int(c.spread.df) + 1)
 
     def between(u: int) -> float:  # percent, on the log scale's first order
         return 100.0 * c.spread.sd_log * float(student_t.ppf(z, max(u - 1, 1))) * math.sqrt(1 + 1 / u)
@@ -356,13 +423,13 @@ def judge(
     # a tail enters Holm as two one-sided hypotheses, "it grew" and "it shrank" (measured: the
     # 15 % x4 TTFT tail is caught in 89-94 % of audits so, 80-94 % as one two-sided p-value;
     # tests/benchmarks/tail_power.py)
-    hypotheses: list[tuple[str, float]] = []
+    measured = {m: c for m, c in changes.items() if isinstance(c, Change)}
+    adjusted = max_t_adjusted(measured)
+    tails: dict[str, float] = {}
     for m, c in changes.items():
-        if isinstance(c, Change):
-            hypotheses.append((m, c.p_value))
-        elif isinstance(c, TailShift):
-            hypotheses += [(f"{m}:worse", c.p_worse), (f"{m}:better", c.p_better)]
-    rejected = dict(zip([h for h, _ in hypotheses], holm([p for _, p in hypotheses], 1 - confidence)))
+        if isinstance(c, TailShift):
+            tails |= {f"{m}:worse": c.p_worse, f"{m}:better": c.p_better}
+    rejected = family_rejected(adjusted, tails, 1 - confidence)
     tested = [m for m, c in changes.items() if isinstance(c, Change)]
     out = []
     for metric, c in changes.items():
@@ -376,7 +443,8 @@ def judge(
         threshold = thresholds_pct[metric]
         worse = c.change_pct * math.copysign(1, threshold)  # > 0: the worse way
         unit = estimator(metric).unit_name  # type: ignore[union-attr]
-        if rejected[metric] and abs(c.change_pct) > abs(threshold) and c.spread is None:
+        unknown = c.spread is None or (c.spread.prior_only and c.baseline_runs < MIN_BASELINE_RUNS)
+        if rejected[metric] and abs(c.change_pct) > abs(threshold) and unknown:
             lack = MIN_BASELINE_RUNS - c.baseline_runs
             out.append(
                 Judged(
@@ -391,14 +459,23 @@ def judge(
         elif rejected[metric] and abs(c.change_pct) > abs(threshold):
             kind = "regressed" if worse > 0 else "improved"
             out.append(
-                Judged(metric, c, kind, f"beyond the threshold; p = {c.p_value:.3g}, Holm-significant")
+                Judged(
+                    metric,
+                    c,
+                    kind,
+                    f"beyond the threshold; p = {c.p_value:.3g} ({adjusted[metric]:.3g} adjusted for the "
+                    "metrics judged together), Holm-significant",
+                )
             )
         elif -abs(threshold) < c.ci_low and c.ci_high < abs(threshold):
             out.append(Judged(metric, c, "unchanged", "the interval lies within ± the threshold"))
         else:
             why = "the interval reaches past the threshold"
             if abs(c.change_pct) > abs(threshold) and not rejected[metric]:
-                why = f"beyond the threshold but not significant after Holm (p = {c.p_value:.3g})"
+                why = (
+                    f"beyond the threshold but not significant after Holm (p = {c.p_value:.3g}, "
+                    f"{adjusted[metric]:.3g} adjusted for the metrics judged together)"
+                )
             advice = settle_advice(c, threshold, len(tested), confidence, unit)
             out.append(Judged(metric, c, "inconclusive", why + (f"; {advice}" if advice else "")))
     return out

@@ -239,10 +239,15 @@ def disturbed(level: dict, late_ns: list[int]) -> bool:
     return level["metrics"].get("client_bound") == 1 or late >= 0.01 * chunks
 
 
-def history_judge(history: list[tuple[dict, dict, str | None]], current: tuple[dict, dict]):
+#: --histories: the prior of the run-to-run spread the judge uses (--prior-pct, --prior-runs).
+PRIOR: list = []
+
+
+def history_judge(history: list[tuple[dict, dict, str | None]], current: tuple[dict, dict], prior=None):
     """The verdict rows of ``current`` against ``history`` (oldest first: figures, samples, its
     own overall verdict), by the audit's rule: the history's baseline choice, its run-to-run
-    spread, the samples test with the tail (tasks.report.baseline.judge, without MLflow)."""
+    spread learned from the whole history and the prior, the samples test with the tail
+    (tasks.report.baseline.judge, without MLflow)."""
     from tasks.report import history as audit_history
     from tasks.report.baseline import MIN_HISTORY_RUNS
     from tasks.report.regression import overall
@@ -254,15 +259,42 @@ def history_judge(history: list[tuple[dict, dict, str | None]], current: tuple[d
     hist = audit_history.build(runs, list(THRESHOLDS))
     choice = hist.baseline(min_runs=MIN_HISTORY_RUNS, max_runs=10)
     base = [history[i] for i in choice.indices] or history[-1:]
-    spreads = {m: sp for m in THRESHOLDS if (sp := hist.run_spread(m, (choice.change_point,))) is not None}
+    cuts = choice.change_points or (choice.change_point,)
+    spreads = hist.run_spreads(list(THRESHOLDS), cuts, prior or PRIOR[0])
     rows = verdict(
         current[0], [b[0] for b in base], THRESHOLDS, current[1], [b[1] for b in base], spreads=spreads
     )
     return rows, overall(rows), choice
 
 
+def moved(level: tuple[dict, dict], factor: float) -> tuple[dict, dict]:
+    """A level as a run the machine moved as a whole by ``factor`` (``--move-runs``): its TTFT,
+    gaps, TPOT and E2E (samples, figures and their intervals) times the factor, its output
+    tokens/s over it; what the instrument's own run factor does at the source (its TTFT and
+    every gap times exp(RUN_SD z)), applied to a copy, so that one pool serves every spread
+    and each reuse of a level is another run."""
+    from tasks.stats.samples import Unit
+
+    if factor == 1.0:
+        return level
+    figures, samples = level
+    scaled = {
+        m: (v / factor if m.startswith("output_tokens_per_s") else v * factor) for m, v in figures.items()
+    }
+    units = [
+        Unit({fam: tuple(tuple(v if fam == "output_tokens" else v * factor for v in c) for c in cs)
+              for fam, cs in unit.clusters.items()})
+        for unit in samples["stream"]
+    ]  # fmt: skip
+    return scaled, {**samples, "stream": units}
+
+
 #: --histories --only: the groups of rows (default: all).
-HISTORY_GROUPS = ("nochange", "x1.3", "tail", "after", "one", "incident", "changepoint")
+HISTORY_GROUPS = ("nochange", "x1.3", "tail", "after", "one", "incident", "changepoint", "learning")
+#: --histories "learning" rows: the audit numbers (history lengths) judged, and the priors
+#: (the factor on --move-runs's true spread the guess is off by).
+LEARNING_AUDITS = (3, 5, 10)
+LEARNING_PRIORS = (("right", 1.0), ("3x too small", 1 / 3), ("3x too large", 3.0))
 #: --histories: the audits of the earlier level before the incident's step (the "incident" rows).
 INCIDENT_BEFORE = 7
 
@@ -341,10 +373,19 @@ def histories_main(args) -> None:
     slow_at, fast_at, tail_at = (Draws(len(p), order, first) for p in (slow, fast, tail))
     earlier_at = Draws(len(fast), order, first)  # the incident's earlier level, apart from the x0.7 row's
     t_count = args.trials
+    from tasks.stats.spread import SpreadPrior
+
+    PRIOR[:] = [SpreadPrior(args.prior_pct / 100, args.prior_runs)]
+    mover = np.random.default_rng(args.seed + 2)  # the whole-run factors of --move-runs
+
+    def mv(level):  # one more run of this level: a fresh whole-run factor
+        return moved(level, float(np.exp(args.move_runs * mover.standard_normal())))
+
     print(
         f"audit-history verdicts: {t_count} trials, {args.requests} requests a level, jitter sigma {args.sigma:g}, "
-        f"whole runs exp({args.run_sd:g} z), tail 15 % x4 TTFT; thresholds {THRESHOLDS}; pools: "
-        + ", ".join(f"{n} {len(p)}" for n, p in pools.items())
+        f"whole runs exp({args.run_sd:g} z) at the instrument and exp({args.move_runs:g} z) on the copies judged, "
+        f"tail 15 % x4 TTFT; the spread's prior {args.prior_pct:g} % worth {args.prior_runs:g} runs; "
+        f"thresholds {THRESHOLDS}; pools: " + ", ".join(f"{n} {len(p)}" for n, p in pools.items())
     )
     rates: dict[str, list[float]] = {}
 
@@ -353,9 +394,9 @@ def histories_main(args) -> None:
 
     per_metric = ("ttft_ms_p50", "itl_ms_p90", "tpot_ms_mean")
     for t in range(t_count):
-        own = [normal[int(i)] for i in rng.choice(len(normal), 6, replace=False)]  # 5 history, 1 now
-        slows = [slow[i] for i in slow_at.take(2)]
-        faster, tailed = fast[fast_at.take(1)[0]], tail[tail_at.take(1)[0]]
+        own = [mv(normal[int(i)]) for i in rng.choice(len(normal), 6, replace=False)]  # 5 history, 1 now
+        slows = [mv(slow[i]) for i in slow_at.take(2)]
+        faster, tailed = mv(fast[fast_at.take(1)[0]]), mv(tail[tail_at.take(1)[0]])
         for size in (3, 5):
             history = [(f, s, None) for f, s in own[:size]]
             if "nochange" in groups:
@@ -393,7 +434,7 @@ def histories_main(args) -> None:
                 # an incident before the baseline: INCIDENT_BEFORE audits at x0.7, then the step
                 # to today's level, `size` audits ago; the history knows the run-to-run spread on
                 # INCIDENT_BEFORE - 1 + size - 1 degrees of freedom
-                before = [(*fast[i], None) for i in earlier_at.take(INCIDENT_BEFORE)]
+                before = [(*mv(fast[i]), None) for i in earlier_at.take(INCIDENT_BEFORE)]
                 rows, word, choice = history_judge([*before, *history], slows[0])
                 by = {r.metric: r.verdict for r in rows}
                 since = list(choice.indices) == list(range(INCIDENT_BEFORE, INCIDENT_BEFORE + size))
@@ -407,12 +448,34 @@ def histories_main(args) -> None:
             count("no change, ONE baseline audit under load: regressed", word == "regressed")
             _, word, _ = history_judge([(*own[0], None)], slows[0])
             count("x1.3, ONE baseline audit: regressed (needs the run-to-run spread)", word == "regressed")
+        if "learning" in groups:
+            # a history of K audits at one level (no change point), the prior right or off by 3x
+            # against the true spread (--move-runs), judged at audit K: a no-change audit and a
+            # x1.3 one (the same levels for every prior)
+            longest = max(LEARNING_AUDITS)
+            drawn = [mv(normal[int(i)]) for i in rng.choice(len(normal), longest + 1, replace=False)]
+            slow_now = mv(slow[slow_at.take(1)[0]])
+            for label, off in LEARNING_PRIORS:
+                prior = SpreadPrior(max(args.move_runs, 0.005) * off, args.prior_runs)
+                for k in LEARNING_AUDITS:
+                    past = [(f, s, None) for f, s in drawn[:k]]
+                    _, word, _ = history_judge(past, drawn[longest], prior)
+                    count(
+                        f"learning, prior {label}, audit {k}: no change regressed (false alarm)",
+                        word == "regressed",
+                    )
+                    rows, _, _ = history_judge(past, slow_now, prior)
+                    by = {r.metric: r.verdict for r in rows}
+                    count(
+                        f"learning, prior {label}, audit {k}: x1.3 TTFT p50 regressed",
+                        by.get("ttft_ms_p50") == "regressed",
+                    )
         if args.progress and (t + 1) % args.progress == 0:
             print(f"  {t + 1} trials judged ({time.monotonic() - started - measured_s:.0f} s)", flush=True)
     for _ in range(t_count if "changepoint" in groups else 0):
         k = int(rng.integers(5, 16))
-        series = [normal[int(i)] for i in rng.choice(len(normal), k, replace=len(normal) < k)]
-        series += [slow[int(i)] for i in rng.choice(len(slow), 20 - k, replace=len(slow) < 20 - k)]
+        series = [mv(normal[int(i)]) for i in rng.choice(len(normal), k, replace=len(normal) < k)]
+        series += [mv(slow[int(i)]) for i in rng.choice(len(slow), 20 - k, replace=len(slow) < 20 - k)]
         runs = [
             {"run_id": f"a{i}", "name": "", "start_time_ms": i, "tags": {}, "metrics": f}
             for i, (f, _) in enumerate(series)
@@ -458,6 +521,19 @@ def main() -> None:
         help="--histories: keep levels the machine disturbed (the instrument late, or client-bound) in the pools",
     )
     parser.add_argument("--progress", type=int, default=0, help="--histories: a line every N trials judged")
+    parser.add_argument(
+        "--move-runs",
+        type=float,
+        default=0.0,
+        help="--histories: move each judged copy of a level as a whole by exp(SD z) (machine load; "
+        "pools measured with --run-sd 0 then serve every spread)",
+    )
+    parser.add_argument(
+        "--prior-pct", type=float, default=5.0, help="--histories: the spread's prior (percent)"
+    )
+    parser.add_argument(
+        "--prior-runs", type=float, default=3.0, help="--histories: the prior's weight in runs"
+    )
     args = parser.parse_args()
     if args.histories:
         return histories_main(args)

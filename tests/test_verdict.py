@@ -334,3 +334,41 @@ def test_a_baseline_of_three_borrows_the_historys_spread_when_it_knows_it_on_mor
     assert pooled.spread.source == "the audit history (10 audits)" and pooled.ci_low > 0
     assert verdict_pooled == "regressed"
     assert few.ci_high - few.ci_low > 1.2 * (pooled.ci_high - pooled.ci_low)  # t(2) vs t(8) tails
+
+
+def _drawn(metric, log_change, draws):
+    """A Change of ``log_change`` whose joint draws are ``draws`` (log factors about it)."""
+    pct = 100 * float(np.expm1(log_change))
+    return test.Change(metric, pct, 0.0, 0.0, 0.0, 1.0, 50, 0.0, KNOWN, 5, draws)
+
+
+def test_max_t_corrects_metrics_that_move_together_less_than_holm_and_independent_ones_alike():
+    """Eight metrics each 2.5 sd from no change (raw p ~ 0.012): drawn as one (the same run
+    factor moves them all), the step-down max-T adjusts each hardly (the maximum of eight equal
+    statistics is one of them), where Holm would multiply the smallest by 8; drawn independently
+    it adjusts about as Holm does (Westfall & Young 1993: exact for independence, less for
+    correlation)."""
+    rng = np.random.default_rng(3)
+    shared = rng.standard_normal(20_000) * 0.1
+    names = [f"ttft_ms_p{q}" for q in range(40, 48)]
+    together = {m: _drawn(m, 0.25, shared) for m in names}
+    adjusted = test.max_t_adjusted(together)
+    assert all(0.008 < p < 0.02 for p in adjusted.values()), adjusted
+    apart = {m: _drawn(m, 0.25, rng.standard_normal(20_000) * 0.1) for m in names}
+    adjusted = test.max_t_adjusted(apart)
+    assert all(0.06 < p < 0.12 for p in adjusted.values()), adjusted  # Holm's 8 x 0.0124 = 0.099
+    # without aligned draws: Holm's adjusted p-values
+    plain = {m: change(m, 20.0, 10.0, 30.0, p, 10.0, 50) for m, p in zip(names[:3], (0.01, 0.03, 0.04))}
+    assert test.max_t_adjusted(plain) == pytest.approx({names[0]: 0.03, names[1]: 0.06, names[2]: 0.06})
+
+
+def test_the_family_and_the_tails_share_alpha_by_weighted_holm():
+    """The metrics' family has 0.8 of alpha while the tail's two hypotheses are open, 0.1 each;
+    a rejected tail hypothesis hands its share on (step-down)."""
+    tails = {"ttft_ms_tail:worse": 0.3, "ttft_ms_tail:better": 0.9}
+    assert test.family_rejected({"a": 0.039}, tails, 0.05)["a"]  # 0.039 <= 0.05 x 0.8
+    assert not test.family_rejected({"a": 0.041}, tails, 0.05)["a"]
+    worse = {"ttft_ms_tail:worse": 0.004, "ttft_ms_tail:better": 0.9}  # 0.004 <= 0.005: rejected
+    out = test.family_rejected({"a": 0.043}, worse, 0.05)
+    assert out["ttft_ms_tail:worse"] and out["a"]  # then 0.8 / 0.9 of alpha: 0.044
+    assert test.family_rejected({"a": 0.049}, {}, 0.05)["a"]  # no tail: all of alpha

@@ -51,6 +51,20 @@ measured once (``--save`` / ``--load``), then per trial a history is drawn from 
     .venv/bin/python tests/benchmarks/verdict_error_rates.py --histories --sigma 0.25 \
         --run-sd 0.05 --trials 20 [--save F | --load F] [--only x1.3,incident] [--seed 7]
 
+Since issue 49 the spread is learned from the whole history with a prior (``--prior-pct``,
+``--prior-runs``: the audit's defaults 5 and 3), and the "learning" rows judge histories of 3, 5
+and 10 audits at one level with the prior right, 3x too small and 3x too large against the true
+spread: false alarms (no change) and TTFT p50 detection (x1.3). ``--move-runs SD`` moves each
+judged copy of a level as a whole by exp(SD z) (TTFT, gaps, TPOT, E2E times the factor, output
+tokens/s over it: what the instrument's ``--run-sd`` does at the source), a fresh factor for
+each use, so that pools measured once at ``--run-sd 0`` serve every spread and a level reused
+by several trials is another run each time:
+
+    .venv/bin/python tests/benchmarks/verdict_error_rates.py --histories --sigma 0.25 --run-sd 0 \
+        --trials 30 --save h25.json
+    .venv/bin/python tests/benchmarks/verdict_error_rates.py --histories --load h25.json \
+        --trials 100 --seed 9 --move-runs 0.05 --only nochange,x1.3,tail,incident,learning
+
 A level the machine disturbed is measured again (``--keep-disturbed`` keeps it): one in which the
 instrument wrote 1 % of its chunks or more over 0.5 ms after their deadlines (its own loop
 held up: ``GET /stats`` ``late_chunk_ns``), or one flagged client-bound. The pools then hold the instrument's jitter and
@@ -382,8 +396,14 @@ def histories_main(args) -> None:
         return moved(level, float(np.exp(args.move_runs * mover.standard_normal())))
 
     print(
-        f"audit-history verdicts: {t_count} trials, {args.requests} requests a level, jitter sigma {args.sigma:g}, "
-        f"whole runs exp({args.run_sd:g} z) at the instrument and exp({args.move_runs:g} z) on the copies judged, "
+        f"audit-history verdicts: {t_count} trials, "
+        + (
+            f"pools from {args.load.name} (their jitter and run factor as measured), "
+            if args.load
+            else f"{args.requests} requests a level, jitter sigma {args.sigma:g}, whole runs exp({args.run_sd:g} z) "
+            "at the instrument, "
+        )
+        + f"whole runs exp({args.move_runs:g} z) on the copies judged, "
         f"tail 15 % x4 TTFT; the spread's prior {args.prior_pct:g} % worth {args.prior_runs:g} runs; "
         f"thresholds {THRESHOLDS}; pools: " + ", ".join(f"{n} {len(p)}" for n, p in pools.items())
     )

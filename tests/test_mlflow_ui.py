@@ -47,6 +47,7 @@ def two_audits(mlflow_store, prefect_server, workdir):
             },
             "sweep": {"enabled": False},
             "tracking": {"experiment": EXPERIMENT},
+            "regression": {"min_baseline_audits": 1},  # the second judged against the first
         }
     )
     results = [audit(cfg, return_state=True).result() for _ in range(2)]

@@ -51,6 +51,7 @@ profile:
 stream: {prompts: [Say hello.], max_tokens: 4, max_concurrency: [1], num_requests: 2, warmup: 0}
 sweep: {prompt: Name a fruit., temperature: [0.0], top_p: [1.0], samples: 2, max_tokens: 4}
 tracking: {experiment: infermeter-pg}
+regression: {min_baseline_audits: 2}
 """
 
 

@@ -209,6 +209,7 @@ def test_a_new_endpoint_builds_its_baseline_then_each_row_records_its_spread(tmp
     assert spread["audits"] == 3 and spread["prior_df"] == 3
     assert spread["df"] == pytest.approx(spread["prior_df"] + spread["history_df"])
     assert 0 < spread["history_df"] <= 2  # 3 audits in one segment: at most 2 df
+    assert spread["segment_df"] == 2  # all of them the newest segment's
     assert spread["source"].startswith("the audit history (3 audits, 2 df; shared by ttft_ms_p50")
     assert spread["source"].endswith("and the prior (5 % worth 3 runs)")
     folder = MlflowClient(store.tracker.tracking_uri).download_artifacts(run_id, "", str(tmp_path / "dl"))

@@ -201,12 +201,14 @@ class History:
                 kept.append(i)
                 if low is not None and high is not None and low > 0 and high > 0:
                     noise[i] = ((math.log(high) - math.log(low)) / (2 * _Z95)) ** 2
+            newest = 0
             if len(kept) >= 2:
                 mean = sum(math.log(history.values[i]) for i in kept) / len(kept)
                 for i in kept:
                     deviations[i] = math.log(history.values[i]) - mean
                 df += len(kept) - 1
-        return Deviations(metric, tuple(deviations), tuple(noise), df)
+                newest = len(kept) - 1
+        return Deviations(metric, tuple(deviations), tuple(noise), df, newest)
 
 
 def build(runs: Sequence[Mapping[str, Any]], metrics: Sequence[str]) -> History:

@@ -85,6 +85,9 @@ class RunSpread:
     prior_df: float = 0.0
     history_df: float = 0.0
     audits: int = 0
+    #: of the history's degrees of freedom, those of the newest segment (the baseline's own
+    #: stretch: its audits - 1); the rest came from earlier segments
+    segment_df: int = 0
     posterior: tuple[tuple[float, ...], tuple[float, ...]] = field(
         default=((), ()), repr=False, compare=False
     )
@@ -121,6 +124,7 @@ class RunSpread:
             "prior_df": round(self.prior_df, 2),
             "history_df": round(self.history_df, 2),
             "audits": self.audits,
+            "segment_df": self.segment_df,
             "trusted": self.trusted,
             "source": self.source,
         }
@@ -136,6 +140,7 @@ class Deviations:
     deviations: tuple[float, ...]
     noise_var: tuple[float, ...]
     df: int
+    segment_df: int = 0  #: the newest segment's part of ``df``
 
     @property
     def squares(self) -> float:
@@ -229,22 +234,37 @@ def shared(
     names = ", ".join(e.metric for e in weighted)
     kept = len(composite)
     pooled = posterior(float(np.sum(np.square(composite))), df, float(np.mean(composite_noise)), prior)
-    pooled = _named(pooled, f"the audit history ({kept} audits, {df} df; shared by {names})", kept, prior)
+    newest = max(e.segment_df for e in weighted)
+    where = f"{df} df" if newest == df else f"{df} df, {newest} of them in the newest segment"
+    pooled = _named(
+        pooled, f"the audit history ({kept} audits, {where}; shared by {names})", kept, prior, newest
+    )
     tau2 = pooled.sd_log**2
     for e in evidence:
         own_noise = e.mean_noise if math.isfinite(e.mean_noise) else 0.0
         if e.df >= 2 and chi2.sf(e.squares / (tau2 + own_noise), e.df) < OWN_SPREAD_P:
             own = posterior(e.squares, e.df, own_noise, prior)
             out[e.metric] = _named(
-                own, f"the audit history ({e.df} df; its own: wider than the shared)", kept, prior
+                own,
+                f"the audit history ({e.df} df; its own: wider than the shared)",
+                kept,
+                prior,
+                e.segment_df,
             )
         else:
             out[e.metric] = pooled
     return out
 
 
-def _named(spread: RunSpread, source: str, audits: int, prior: SpreadPrior) -> RunSpread:
+def _named(spread: RunSpread, source: str, audits: int, prior: SpreadPrior, segment_df: int = 0) -> RunSpread:
     text = f"{source}, and the prior ({100 * prior.sd_log:g} % worth {prior.runs:g} runs)"
     return RunSpread(
-        spread.sd_log, spread.df, text, spread.prior_df, spread.history_df, audits, spread.posterior
+        spread.sd_log,
+        spread.df,
+        text,
+        spread.prior_df,
+        spread.history_df,
+        audits,
+        segment_df,
+        spread.posterior,
     )

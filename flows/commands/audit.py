@@ -100,9 +100,11 @@ def command(
     print_run_links(result)
     verdict = result.get("regression")
     if not verdict and result["mlflow_run_id"] and not result["errors"]:
+        need = cfg.regression.min_baseline_audits
         console.print(
-            "Regression verdict: no baseline yet (the first audit of this endpoint and "
-            "model; later audits compare with it once there are regression.min_baseline_audits)"
+            f"Regression verdict: no baseline yet (the first audit of this endpoint, model and "
+            f"workload: building a baseline, 0 of {need} audits; a verdict comes once {need} audits of it have run)",
+            highlight=False,
         )
     if verdict:
         print_verdict(verdict)

@@ -484,6 +484,8 @@ def histories_main(args) -> None:
                         f"learning, prior {label}, audit {k}: no change regressed (false alarm)",
                         word == "regressed",
                     )
+                    if off != 1.0 and k != longest:  # a wrong prior's detection: at the last audit only
+                        continue
                     rows, _, _ = history_judge(past, slow_now, prior)
                     by = {r.metric: r.verdict for r in rows}
                     count(

@@ -212,6 +212,8 @@ def test_thresholds_merge_with_the_defaults_and_take_their_sign(tmp_path) -> Non
         ("decode_tokens_per_s: .inf", "threshold for decode_tokens_per_s must be a non-zero percentage, "
          "e.g. decode_tokens_per_s: -10"),
         ("ttft_p50: 15", "unknown metric 'ttft_p50'"),
+        ("decode_tokens_per_s: -150", "threshold for decode_tokens_per_s is -150, but a drop of 150 % or more "
+         "cannot happen: give a drop below 100"),
     ],
 )  # fmt: skip
 def test_a_bad_threshold_is_one_line_naming_the_metric_and_the_fix(tmp_path, entry, said) -> None:

@@ -2,6 +2,8 @@
 constructed samples, Holm across many small changes, the interval of a change, the samples file,
 and the legacy fallback for a baseline that kept no samples (against a real MLflow store)."""
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -360,6 +362,9 @@ def test_max_t_corrects_metrics_that_move_together_less_than_holm_and_independen
     # without aligned draws: Holm's adjusted p-values
     plain = {m: change(m, 20.0, 10.0, 30.0, p, 10.0, 50) for m, p in zip(names[:3], (0.01, 0.03, 0.04))}
     assert test.max_t_adjusted(plain) == pytest.approx({names[0]: 0.03, names[1]: 0.06, names[2]: 0.06})
+    # never below a change's own p-value (the percentile reading of its draws, floor 2 / (n + 1))
+    alone = {names[0]: replace(_drawn(names[0], 0.6, shared), p_value=0.002)}
+    assert test.max_t_adjusted(alone)[names[0]] == 0.002  # max-T alone: 1 / 20001
 
 
 def test_the_family_and_the_tails_share_alpha_by_weighted_holm():

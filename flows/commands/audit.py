@@ -99,7 +99,7 @@ def command(
     console.print(f"Records on disk: {result['workdir']}", highlight=False)
     print_run_links(result)
     verdict = result.get("regression")
-    if not verdict and result["mlflow_run_id"] and not result["errors"]:
+    if not verdict and result["mlflow_run_id"] and not result["errors"] and cfg.regression.enabled:
         need = cfg.regression.min_baseline_audits
         console.print(
             f"Regression verdict: no baseline yet (the first audit of this endpoint, model and "

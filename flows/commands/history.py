@@ -57,6 +57,8 @@ def command(
         fail_input(f"--metric: {', '.join(unknown)} not a known metric; e.g. ttft_ms_p50, tpot_ms_mean")
     if max_runs < 2:
         fail_input("--max-runs: must be >= 2 (a history needs two audits)")
+    if max_runs > 50:  # tasks.report.baseline reads the newest 50 audits, as the verdict does
+        fail_input("--max-runs: at most 50 (the verdict's search reads an endpoint's newest 50 audits)")
     preflight(track=True, prefect=False)
     tracker = Tracker(experiment)
     print_closed_runs(tracker.close_abandoned())  # ghosts of SIGKILLed commands: KILLED, not RUNNING
@@ -87,7 +89,15 @@ def command(
     metrics = chosen or [m for m in DEFAULT_THRESHOLDS_PCT if any(m in r["metrics"] for r in alike)]
     if not metrics:
         fail_input("these audits logged none of the headline metrics; name one with --metric")
-    history = audit_history.build(list(reversed(alike)), metrics)
+    # the spread is learned over every thresholded metric logged, as the verdict learns it,
+    # whichever --metric shows
+    pooled = list(
+        dict.fromkeys(
+            [*metrics, *(m for m in DEFAULT_THRESHOLDS_PCT if any(m in r["metrics"] for r in alike))]
+        )
+    )
+    everything = audit_history.build(list(reversed(alike)), pooled)
+    history = audit_history.History(everything.audits, {m: everything.metrics[m] for m in metrics})
     key = {k: tags.get(k) for k in IDENTITY_TAGS}
     console.print(
         f"Audit history of {key.get('endpoint_kind') or '?'} / {key.get('endpoint_model') or key.get('model')}: "
@@ -96,7 +106,7 @@ def command(
         markup=False,
     )
     prior = _prior(anchor)
-    learned = history.spread_learned(list(history.metrics), prior)
+    learned = everything.spread_learned(list(everything.metrics), prior)
     for series in history.metrics.values():
         console.print(_table(history, series, learned.get(series.metric, [])))
         console.print(_spread_line(history, series.metric, learned.get(series.metric, [])), highlight=False)
@@ -140,7 +150,10 @@ def _spread_line(history: Any, metric: str, spreads: list) -> str:
     when = (
         f"trustworthy since audit {since + 1} (run {history.audits[since].run_id[:8]})"
         if since is not None
-        else "not yet trustworthy: the prior still weighs as much as the history (more audits will settle it)"
+        else (
+            f"not yet trustworthy: the history's {now.history_df:.1f} df are fewer than "
+            f"{max(now.prior_df, 2):g} (the prior's weight, at least 2); more audits will settle it"
+        )
     )
     return (
         f"run-to-run spread of {metric}: {100 * now.sd_log:.1f} % on {now.df:.1f} df (prior "

@@ -55,8 +55,8 @@ class RegressionConfig(_Strict):
     )
     run_spread_prior_pct: float = Field(
         5.0,
-        gt=0,
-        le=100,
+        ge=0.1,
+        le=50,
         description="The guessed run-to-run spread (percent: whole audits of one endpoint differ "
         "by about this much) before the history has shown its own; see the README's verdict "
         "section for when to change it.",
@@ -71,6 +71,7 @@ class RegressionConfig(_Strict):
     min_baseline_audits: int = Field(
         3,
         ge=1,
+        le=50,  # the audit search reads the newest 50 (tasks.report.baseline)
         description="Audits of the same endpoint, model and workload needed before a verdict; "
         "fewer: 'building a baseline: N of M' (exit 0, no verdict).",
     )
@@ -131,6 +132,11 @@ def signed_threshold(metric: str, value: float) -> float:
         )
     worse = metrics.worse_direction(metric)
     if worse == "lower":  # a drop is worse: -10, or its magnitude 10
+        if abs(value) >= 100:  # a figure cannot drop by 100 % or more: it would never regress
+            raise ValueError(
+                f"threshold for {metric} is {value:g}, but a drop of {abs(value):g} % or more cannot "
+                f"happen: give a drop below 100, e.g. {metric}: -10"
+            )
         return -abs(value)
     if worse == "higher" and value < 0:
         raise ValueError(

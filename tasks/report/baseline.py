@@ -318,7 +318,7 @@ def judge(
     audits = find_audits(tracker, run_id, tags)
     pinned_runs = tracker.runs_by_id(pinned) if pinned else []
     if not pinned_runs and not audits:
-        tracker.set_tags(run_id, {"regression": "no_baseline"})
+        tracker.set_tags(run_id, {"regression": "no_baseline", audit_history.VERDICT_TAG: "building"})
         return None
     [mine] = tracker.runs_by_id([run_id])
     mine["tags"] = {**mine["tags"], **{k: str(v) for k, v in tags.items()}}

@@ -136,11 +136,15 @@ class History:
 
     def spread_learned(self, metrics: Sequence[str], prior: SpreadPrior) -> dict[str, list[RunSpread]]:
         """Per metric, the run-to-run spread known after each audit (:meth:`run_spreads` of the
-        first 1, 2, ... audits): how the estimate moved from the prior to the history's own,
+        first 1, 2, ... audits, cut where that history's baseline choice is: the spread the next
+        audit is judged with, given the same ``metrics``): how the estimate moved from the prior to the history's own,
         and from which audit on it is trustworthy (:attr:`tasks.stats.spread.RunSpread.trusted`)."""
         out: dict[str, list[RunSpread]] = {m: [] for m in metrics if m in self.metrics}
         for count in range(1, len(self.audits) + 1):
-            known = self.head(count).run_spreads(list(out), (), prior)
+            head = self.head(count)
+            choice = head.baseline()  # the next audit's baseline: its confirmed points cut too
+            cuts = choice.change_points or (choice.change_point,)
+            known = head.run_spreads(list(out), cuts, prior)
             for metric in out:
                 out[metric].append(known[metric])
         return out

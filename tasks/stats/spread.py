@@ -50,10 +50,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-#: The grid of tau (the spread's sd of the log figure) the posterior is evaluated on: 0.01 %
-#: to 100 %, log-spaced (a spread beyond exp(1) per run is not a spread, it is a different
-#: machine).
-_GRID_SD = np.geomspace(1e-4, 1.0, 600)
+#: The grid of tau (the spread's sd of the log figure) the posterior is evaluated on: 0.001 %
+#: to 300 %, log-spaced (a spread beyond exp(3) per run is not a spread, it is a different
+#: machine); the config keeps the prior's spread within 0.1-50 % so that its tails fit.
+_GRID_SD = np.geomspace(1e-5, 3.0, 800)
 #: A metric keeps its own spread when its deviations are this unlikely under the shared one.
 OWN_SPREAD_P = 0.01
 
@@ -163,6 +163,8 @@ def posterior(squares: float, df: float, noise_var: float, prior: SpreadPrior) -
     """
     if not (prior.runs > 0 and prior.sd_log > 0):
         raise ValueError("the spread's prior needs a spread > 0 worth > 0 runs")
+    if df <= 0:  # the prior alone, as it is (no grid: its own scaled inverse-chi^2)
+        return RunSpread(prior.sd_log, prior.runs, "the prior", prior_df=prior.runs)
     tau2 = _GRID_SD**2
     nu0, s0 = prior.runs, prior.sd_log
     log_p = -(nu0 / 2 + 1) * np.log(tau2) - nu0 * s0**2 / (2 * tau2)
@@ -173,13 +175,11 @@ def posterior(squares: float, df: float, noise_var: float, prior: SpreadPrior) -
     probs = np.exp(log_p - log_p.max())
     probs /= probs.sum()
     nu, sd = _as_scaled_inverse_chi2(tau2, probs)
+    # what the history added: never more than its audits' own degrees of freedom (the grid's
+    # summary of a posterior far out in the prior's tail can read more)
+    added = min(max(0.0, nu - nu0), float(df))
     return RunSpread(
-        sd,
-        nu,
-        "the prior",
-        prior_df=nu0,
-        history_df=max(0.0, nu - nu0),
-        posterior=(tuple(tau2), tuple(probs)),
+        sd, nu0 + added, "the prior", prior_df=nu0, history_df=added, posterior=(tuple(tau2), tuple(probs))
     )
 
 

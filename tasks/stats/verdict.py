@@ -269,7 +269,9 @@ def max_t_adjusted(changes: Mapping[str, Change]) -> dict[str, float]:
     for rank, index in enumerate(order):
         tail_max = null[order[rank:]].max(axis=0)
         p = (1 + int(np.sum(tail_max >= stat[index]))) / (n + 1)
-        running = max(running, p)
+        # never below the change's own p-value (the percentile interval's reading of the same
+        # draws: its floor is 2 / (n + 1) where this one's is 1 / (n + 1))
+        running = max(running, p, changes[names[index]].p_value)
         adjusted[names[index]] = min(1.0, running)
     return adjusted
 

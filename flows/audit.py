@@ -23,7 +23,8 @@ from tasks.endpoint import open_endpoint
 from tasks.engines.death import ServerDiedError, server_gone
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report
-from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots
+from tasks.report.samples_file import write_samples
 from tasks.stream.errors import error_rate_exceeded, every_request_failed
 
 

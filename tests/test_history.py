@@ -18,7 +18,8 @@ from planted_audits import IDENT
 from tasks.config import AuditConfig, RegressionConfig
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT, lookup
 from tasks.report import history as audit_history
-from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots, write_samples
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots
+from tasks.report.samples_file import write_samples
 from tasks.stats.interval import figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.tracking import Tracker, flatten_params

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from tasks.config import RegressionConfig
-from tasks.report.baseline import SAMPLES_ARTIFACT, judge, read_samples, write_samples
+from tasks.report.baseline import SAMPLES_ARTIFACT, judge
 from tasks.report.regression import overall, verdict
+from tasks.report.samples_file import read_samples, write_samples
 from tasks.stats import verdict as test
 from tasks.stats.samples import Unit, from_rows, profile_units, rows, stream_units
 from tasks.tracking import Tracker

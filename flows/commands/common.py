@@ -10,16 +10,19 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Optional, TypeVar
 
 import typer
 from pydantic import BaseModel, ValidationError
 
+from flows.commands.inputs import comma_items as comma_items  # re-exported: the commands take them from here
+from flows.commands.inputs import fail_input
+from flows.commands.inputs import parse_list as parse_list
+from flows.commands.inputs import parse_slos as parse_slos
+from flows.commands.inputs import rate as rate
 from flows.commands.tables import console
 from tasks.config import ConfigError, describe_validation_error, load_config
 
@@ -40,69 +43,6 @@ JsonOption = Annotated[
     Optional[Path], typer.Option("--json", help="Write the result here.", callback=output_path)
 ]
 NoTrackOption = Annotated[bool, typer.Option("--no-track", help="Do not record in MLflow.")]
-
-
-def fail_input(message: str) -> None:
-    """Bad input: one plain line on stderr, exit 2 (never a traceback, never wrapped)."""
-    typer.echo(f"error: {message}", err=True)
-    raise typer.Exit(2)
-
-
-def comma_items(option: str, text: str, what: str = "values") -> list[str]:
-    """The stripped items of a comma-separated option value; an empty one (``1,,2``, ``1,``,
-    ``,``) exits 2 naming the option and its position, and the value without it (an empty
-    item is a typo, never "none")."""
-    items = [item.strip() for item in text.split(",")]
-    given = [item for item in items if item]
-    if not given:
-        fail_input(f"{option}: no value in {text!r}; give one or more {what}, comma-separated")
-    for position, item in enumerate(items, 1):
-        if not item:
-            fail_input(
-                f"{option}: item {position} of {text!r} is empty; give comma-separated {what} "
-                f"without empty items, e.g. {option} {','.join(given)}"
-            )
-    return items
-
-
-def parse_list(option: str, text: str | None, convert: Callable[[str], T]) -> list[T] | None:
-    """`"1,4,16"` -> [1, 4, 16]; None stays None. Bad or empty items exit 2 naming the option
-    (:func:`comma_items`)."""
-    if text is None:
-        return None
-    items = comma_items(option, text)
-    try:
-        return [convert(item) for item in items]
-    except ValueError as exc:
-        # int() and float() explain in Python's words; our converters (rate) in the user's
-        reason = "" if convert in (int, float) or "could not convert" in str(exc) else f": {exc}"
-        fail_input(f"{option}: cannot read {text!r} as a comma-separated list of {convert.__name__}{reason}")
-
-
-def rate(text: str) -> float | None:
-    """A request rate: a positive number, or `inf` (None: send all at once)."""
-    value = float(text)
-    if math.isinf(value) and value > 0:
-        return None
-    if not value > 0:
-        raise ValueError(f"{text} is not > 0; a rate is requests/s > 0, or inf")
-    return value
-
-
-def parse_slos(text: str | None) -> dict[str, float] | None:
-    """`"ttft_ms:500,tpot_ms:50"` -> {"ttft_ms": 500.0, "tpot_ms": 50.0}."""
-    if text is None:
-        return None
-    slos: dict[str, float] = {}
-    for item in comma_items("--goodput", text, "metric:limit pairs"):
-        name, sep, value = item.partition(":")
-        try:
-            if not sep:
-                raise ValueError
-            slos[name.strip()] = float(value)
-        except ValueError:
-            fail_input(f"--goodput: expected metric:limit pairs like ttft_ms:500,tpot_ms:50, got {item!r}")
-    return slos
 
 
 def load_or_fail(path: Path | None, model: type[BaseModel]) -> Any:
@@ -202,14 +142,15 @@ def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, mod
 def preflight(track: bool, prefect: bool = True) -> None:
     """Fail fast, with one line naming the URL, when a configured server does not answer:
     the MLflow tracking server (when tracking; first, a ``MLFLOW_TRACKING_URI`` MLflow cannot
-    open: ``tasks.preflight.check_tracking_uri``, and a local store it would fail on, a file
-    store or a SQLite file that is no database: ``tasks.preflight.check_local_store``) and the Prefect API (when ``prefect`` and
+    open: ``tasks.preflight_store.check_tracking_uri``, and a local store it would fail on, a file
+    store or a SQLite file that is no database: ``tasks.preflight_store.check_local_store``) and the Prefect API (when ``prefect`` and
     PREFECT_API_URL is set; ``compare`` runs no flow). Without this a dead server costs
     minutes of client retries and a stack trace."""
     import urllib.error
     import urllib.request
 
-    from tasks.preflight import PreflightError, check_local_store, check_tracking_server, check_tracking_uri
+    from tasks.preflight import PreflightError
+    from tasks.preflight_store import check_local_store, check_tracking_server, check_tracking_uri
 
     checks = []
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")

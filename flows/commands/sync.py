@@ -28,7 +28,8 @@ def command(
     json_path: JsonOption = None,
 ) -> None:
     """Upload a run's records that its MLflow tracking server missed (it was away)."""
-    from tasks.preflight import PreflightError, check_tracking_server
+    from tasks.preflight import PreflightError
+    from tasks.preflight_store import check_tracking_server
     from tasks.tracking.journal import offline_note, pending_entries
 
     if not run_folder.is_dir():

@@ -23,7 +23,8 @@ from typing import Any
 from tasks.config import RegressionConfig
 from tasks.report import history as audit_history
 from tasks.report.regression import MetricVerdict, counts, counts_text, overall, verdict, verdict_markdown
-from tasks.stats.samples import Samples, from_rows, rows
+from tasks.report.samples_file import read_samples
+from tasks.stats.samples import Samples
 from tasks.stats.spread import SpreadPrior
 from tasks.tracking import Tracker
 
@@ -218,40 +219,9 @@ class RegressionResult:
             "forced": self.forced,
             # the thresholds judged by (signed: + where a rise is worse, - where a drop is)
             "thresholds_pct": {row.metric: row.threshold_pct for row in self.rows},
-            "building": None
-            if self.building is None
-            else {"audits": self.building[0], "needed": self.building[1]},
+            "building": dict(zip(("audits", "needed"), self.building)) if self.building else None,
             "rows": [row.to_row() for row in self.rows],
         }
-
-
-def write_samples(samples: Samples, path: Path) -> Path:
-    """Samples as :data:`SAMPLES_ARTIFACT` (one row per value, ``tasks.stats.samples.rows``)."""
-    import polars as pl
-
-    schema = {
-        "group": pl.String,
-        "unit": pl.Int32,
-        "cluster": pl.Int32,
-        "family": pl.String,
-        "value": pl.Float64,
-    }
-    pl.DataFrame(rows(samples), schema=schema).write_parquet(path)
-    return path
-
-
-def read_samples(path: Path) -> Samples:
-    """Samples back from :func:`write_samples`' file.
-
-    Raises:
-        ValueError: not such a file (polars' errors, a missing column).
-    """
-    import polars as pl
-
-    try:
-        return from_rows(pl.read_parquet(path).to_dicts())
-    except (pl.exceptions.PolarsError, KeyError) as exc:
-        raise ValueError(f"{path.name}: not a samples file ({exc})") from exc
 
 
 def _quote(value: str) -> str:

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tasks.tracking.gone import server_gone
 from tasks.tracking.journal import OFFLINE_PREFIX, RUN_KEY_TAG, Journal
 from tasks.tracking.run_owner import (  # noqa: F401  (the tags: imported from here too)
     OWNER_HOST_TAG,
@@ -62,23 +63,6 @@ PARENT_TAG = "mlflow.parentRunId"
 #: (``MLFLOW_HTTP_REQUEST_MAX_RETRIES`` overrides it).
 HTTP_RETRIES = 3
 OPENER: Callable[[TrackingTarget], Any] | None = None  # opens them in tasks.tracking.writer's process
-
-
-def server_gone(exc: BaseException) -> bool:
-    """Whether an MLflow client error means the server is not there (refused, timed out, or
-    still 5xx after the retries) rather than a request it refused (4xx: raised as before)."""
-    import re
-
-    from mlflow.exceptions import MlflowException
-
-    text = str(exc)
-    if isinstance(exc, (ConnectionError, TimeoutError)) or type(exc).__module__.startswith(
-        ("requests", "urllib3")
-    ):
-        return True
-    return isinstance(exc, MlflowException) and bool(
-        re.search(r"failed with (timeout )?exception|error code 5\d\d|too many 5\d\d", text)
-    )
 
 
 def preload(tracking_uri: str) -> None:

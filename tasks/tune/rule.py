@@ -19,7 +19,7 @@ Each configuration is measured ``tune.repeats`` times, in interleaved rounds
    is the highest. For each other candidate, Welch's difference of means (Welch, *Biometrika*
    34, 1947): the interval ``d ± t(1 - alpha/2, nu) x se``, ``se = sqrt(s1²/n1 + s2²/n2)``,
    ``nu`` by Welch-Satterthwaite, and the two-sided p-value of "same mean".
-3. **Holm** across those comparisons (:func:`tasks.stats.verdict.holm`; Holm, *Scand. J.
+3. **Holm** across those comparisons (:func:`tasks.stats.family.holm`; Holm, *Scand. J.
    Statist.* 6, 1979) at ``alpha = 1 - confidence``: a candidate is *separated* from the top when
    Holm rejects "same mean", so the chance of naming a best when all are equal stays <= alpha
    however many configurations there are.
@@ -45,7 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tasks.stats.verdict import holm
+from tasks.stats.family import holm
 
 DEFAULT_CONFIDENCE = 0.95
 #: more repeats than this are not suggested (the difference is then noise for any practical use)

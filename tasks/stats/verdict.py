@@ -146,7 +146,7 @@ def change(
         borrowed = spread  # the history's with its prior: every baseline run is in it
     # with a borrowed spread the baseline's runs are kept as they are (their requests
     # resampled): the spread's draws carry how far their mean may lie from the normal
-    within_only = borrowed is spread and spread is not None
+    within_only = spread is not None and len(current_units) == 1
     cur = relative_draws(current_units, est, resamples, rng)
     base = relative_draws(baseline_units, est, resamples, rng, within_only=within_only)
     if cur is None or base is None:

@@ -20,13 +20,27 @@ asyncio's transports.
 The read itself is compiled where it could be built (``tasks/stream/_rx.c``, :data:`COMPILED`:
 ~2 us less per read, README "The read compiled"); :meth:`Reactor.read_ready` in Python does the
 same where it could not, with the same stamps and the same calls.
+
+The compiled read's wait in the loop's own epoll (README "Waiting in the reactor") needs three
+private attributes of asyncio's selector loop: ``_selector._selector`` (its ``select.epoll``),
+``_ready`` (the deque of queued callbacks) and ``_scheduled`` (the heap of ``TimerHandle``, read
+through the public ``TimerHandle.when()``). :func:`probe` checks them once per :class:`Reactor`
+(one per pool and loop): where any is missing or of another type (another loop, such as uvloop; a
+selector that is not epoll; a Python whose asyncio changed) or :data:`FALLBACK_ENV` is set, the
+reactor takes the fallback (:attr:`Reactor.path` ``"read"``): each loop turn reads what is ready,
+with no wait, through public APIs only (``add_reader`` and the reactor's own epoll). Same reads,
+same stamps; the cost is a loop turn per read (tests/benchmarks/reactor_fallback.py measures it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import os
 import select
+import selectors
 import socket
+import time
 from typing import Any
 
 from tasks.stream import rxclock
@@ -36,7 +50,7 @@ try:
 except ImportError:  # not built (no compiler at install, not Linux): the Python read below
     _rx = None  # type: ignore[assignment]
 
-__all__ = ["SUPPORTED", "PlainTransport", "Reactor"]
+__all__ = ["FALLBACK_ENV", "SUPPORTED", "PlainTransport", "Reactor", "probe"]
 
 #: Whether this platform has epoll (Linux); elsewhere the client keeps asyncio's transports.
 SUPPORTED = hasattr(select, "epoll")
@@ -47,6 +61,39 @@ COMPILED = _rx is not None
 #: The longest the compiled read goes on waiting for bytes in one loop turn (s), when nothing
 #: else comes due on the loop before.
 WAIT_BOUND_S = 0.002
+#: Set to anything but "" or "0", the reactor takes the fallback path (no wait in the loop's epoll,
+#: no private attribute of asyncio) whatever the loop has: how the tests run that path here, and
+#: how a user rules the private attributes out. Read when a :class:`Reactor` is made.
+FALLBACK_ENV = "INFERMETER_REACTOR_FALLBACK"
+
+
+def probe(loop: asyncio.AbstractEventLoop, fd: int) -> tuple[int, str | None]:
+    """Whether the compiled read may wait in ``loop``'s own epoll, where ``fd`` (the reactor's
+    epoll) is already one of its readers: ``(the loop's epoll descriptor, None)`` when asyncio's
+    private attributes are there with the types the wait relies on (CPython 3.11-3.13's
+    ``BaseSelectorEventLoop``: ``Lib/asyncio/selector_events.py``, ``base_events.py``), else
+    ``(-1, why not)``: the fallback. Never raises for a loop of another kind."""
+    if os.environ.get(FALLBACK_ENV, "") not in ("", "0"):
+        return -1, f"{FALLBACK_ENV} is set"
+    selector = getattr(loop, "_selector", None)
+    if not isinstance(selector, selectors.BaseSelector):
+        return -1, f"{type(loop).__name__} has no selector (not asyncio's selector loop)"
+    inner = getattr(selector, "_selector", None)
+    if not isinstance(inner, select.epoll):
+        return -1, f"the loop's selector {type(selector).__name__} holds no select.epoll"
+    try:  # the reactor's epoll is a reader of this very selector (public selectors API)
+        selector.get_key(fd)
+    except (KeyError, ValueError):
+        return -1, "the reactor's epoll is not registered with the loop's selector"
+    if not isinstance(getattr(loop, "_ready", None), collections.deque):
+        return -1, "the loop's _ready is not a deque"
+    scheduled = getattr(loop, "_scheduled", None)
+    if not isinstance(scheduled, list) or not all(isinstance(h, asyncio.TimerHandle) for h in scheduled):
+        return -1, "the loop's _scheduled is not a list of TimerHandle"
+    # the wait's deadline is the loop's time on CLOCK_MONOTONIC (_rx.c's clock_gettime)
+    if abs(loop.time() - time.monotonic()) > 0.1:
+        return -1, "the loop's time() is not time.monotonic()"
+    return inner.fileno(), None
 
 
 class Reactor:
@@ -66,11 +113,13 @@ class Reactor:
         self._buffer = bytearray(READ_BYTES)
         self._view = memoryview(self._buffer)
         self._epfd = self._epoll.fileno()
-        # The loop's own epoll, where the compiled read waits while nothing else is due
-        # (_rx.c's drain; README "Waiting in the reactor"); -1: another loop (uvloop), no wait.
-        inner = getattr(getattr(loop, "_selector", None), "_selector", None)
-        self._loop_epfd = inner.fileno() if isinstance(inner, select.epoll) else -1
         loop.add_reader(self._epfd, self._turn)
+        # The loop's own epoll, where the compiled read waits while nothing else is due
+        # (_rx.c's drain; README "Waiting in the reactor"); -1: the fallback (probe says why).
+        self._loop_epfd, self.fallback_reason = probe(loop, self._epfd)
+        #: The read this reactor does: "wait" (compiled, waiting in the loop's epoll), "read"
+        #: (compiled, what is ready each loop turn: public APIs only) or "python" (not compiled).
+        self.path = "python" if _rx is None else "wait" if self._loop_epfd >= 0 else "read"
 
     async def connect(self, sock: socket.socket, address: Any, protocol: asyncio.Protocol) -> PlainTransport:
         """Connect the non-blocking ``sock`` to ``address`` and read it for ``protocol``. The
@@ -93,10 +142,12 @@ class Reactor:
             self.read_ready()
             return
         loop = self._loop
-        scheduled = loop._scheduled  # type: ignore[attr-defined]  # asyncio's timers (a heap)
+        # asyncio's timers (a heap; read each turn: the loop replaces the list when it drops
+        # cancelled timers), their instants by the public TimerHandle.when()
+        scheduled = loop._scheduled  # type: ignore[attr-defined]
         until = loop.time() + WAIT_BOUND_S
-        if scheduled and scheduled[0]._when < until:
-            until = scheduled[0]._when
+        if scheduled and scheduled[0].when() < until:
+            until = scheduled[0].when()
         _rx.drain(self._epfd, self._handlers, self._loop_epfd, loop._ready, int(until * 1e9))  # type: ignore[attr-defined]
 
     def read_ready(self) -> None:

@@ -4,7 +4,7 @@ Run as a separate process (``python tests/groundtruth_server.py``; it prints ``P
 its timing does not share a GIL with the client under test. The request's ``model`` selects the
 scenario (see :data:`SCENARIOS`); every scenario is a list of steps: ``("sleep", ms)``,
 ``("data", obj_or_str)`` (an SSE ``data:`` line), ``("raw", str)`` (raw SSE text, e.g. a
-comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body)``.
+comment), ``("cut",)`` (close the socket mid-body), ``("reset",)`` (abort it: RST), or an HTTP error ``("status", code, body[, delay_ms])``.
 
 Every scenario is also served on ``POST /v1/completions`` with the same schedule, its chunks in
 the completions shape (``choices[].text``; :data:`COMPLETIONS_SCENARIOS`), and those without raw
@@ -35,6 +35,8 @@ llama.cpp's own server does (``timings.cache_n`` in a final ``choices: []`` chun
 
 Scenario ``fail_marked``: a known share of failed requests: a request whose prompt holds
 ``[fail]`` gets ``http_500``'s answer, any other ``schedule``'s (chat and completions).
+Scenario ``refusal_or_524`` (chat): the model's 1st, 3rd, ... requests get ``refusal``'s
+answer, the others ``http_524_slow``'s (a 524 after :data:`SLOW_ERROR_MS`).
 
 Control endpoints: ``GET /metrics`` (Prometheus text: ``gt_requests_total``,
 ``gt_text_chunks_total``, ``gt_ttft_seconds`` sum/count, ``vllm:prefix_cache_queries_total`` /
@@ -152,6 +154,11 @@ SCHEDULE_TEXT = ["Hello", " big", " world", " of", " tokens"]
 SCHEDULE_USAGE_TOKENS = 9  # chunks carry several tokens: the usage count is not the chunk count
 SCHEDULE_USAGE_DELAY_MS = 300
 
+#: The "refusal" scenario's chunks (on the schedule's times) and usage; "http_524_slow"'s wait.
+REFUSAL_TEXT = ["I'm sorry,", " I can't", " help with", " that."]
+REFUSAL_USAGE_TOKENS = 8
+SLOW_ERROR_MS = 1500
+
 #: The "utf8_split" scenario's event ("世界" in raw UTF-8) and where it is cut: inside the
 #: first character's three bytes.
 UTF8_SPLIT_TEXT = "世界"
@@ -249,6 +256,23 @@ SCENARIOS: dict[str, list[tuple]] = {
     "http_429": [("status", 429, _error_body("Too many requests", "rate_limit", 429))],
     "http_500": [("status", 500, _error_body("internal failure", "server_error", 500))],
     "http_400": [("status", 400, _error_body("context too long", "invalid_request_error", 400))],
+    # a gateway's timeout answered after a wait (Cloudflare's 524 "A Timeout Occurred": aiperf
+    # PR #1333): the status's optional fourth item is the delay before the answer, in ms
+    "http_524_slow": [("status", 524, _error_body("origin timed out", "timeout", 524), SLOW_ERROR_MS)],
+    # a refusal (OpenAI structured outputs): the answer streamed as delta.refusal on the
+    # schedule's times; on /v1/responses as response.refusal.delta events, then .done
+    "refusal": [
+        ("data", _chunk(role="assistant", content="")),
+        ("sleep", SCHEDULE_TTFT_MS),
+        *[
+            step
+            for i, text in enumerate(REFUSAL_TEXT)
+            for step in ((("sleep", SCHEDULE_GAP_MS),) if i else ()) + (("data", _chunk(refusal=text)),)
+        ],
+        ("data", _chunk(finish="stop")),
+        ("data", _usage(REFUSAL_USAGE_TOKENS)),
+        ("data", "[DONE]"),
+    ],
     # body cut after two text chunks (no terminating chunk)
     "cut": [
         ("data", _chunk(role="assistant")),
@@ -481,7 +505,7 @@ SCENARIOS: dict[str, list[tuple]] = {
 COMPLETIONS_SCENARIOS: dict[str, list[tuple]] = {
     name: _as_completions(steps)
     for name, steps in SCENARIOS.items()
-    if not name.startswith(("reasoning", "tool_call"))
+    if not name.startswith(("reasoning", "tool_call", "refusal"))
 }
 COMPLETIONS_SCENARIOS["split"] = _split_steps(_completion)
 
@@ -508,7 +532,7 @@ def _responses_usage(usage: dict[str, Any]) -> dict[str, Any]:
 
 
 _DELTA = {"content": "response.output_text.delta", "reasoning_content": "response.reasoning_text.delta",
-          "reasoning": "response.reasoning_text.delta"}  # fmt: skip
+          "reasoning": "response.reasoning_text.delta", "refusal": "response.refusal.delta"}  # fmt: skip
 _MESSAGE_DONE = [
     _response_event("response.output_text.done", output_index=0, content_index=0, text=""),
     _response_event("response.content_part.done", output_index=0, content_index=0),
@@ -569,6 +593,11 @@ def _as_responses(steps: list[tuple]) -> list[tuple] | None:
                     out.append(_response_event("response.function_call_arguments.delta",
                                                output_index=index, delta=function["arguments"]))  # fmt: skip
             if choice["finish_reason"] is not None:
+                refused = "".join(s[1]["choices"][0]["delta"].get("refusal", "") for s in steps
+                                  if s[0] == "data" and isinstance(s[1], dict) and s[1].get("choices"))  # fmt: skip
+                if refused:  # its whole text once more, as the API closes a refusal part
+                    out.append(_response_event("response.refusal.done", output_index=0, content_index=0,
+                                               refusal=refused))  # fmt: skip
                 out.extend(_MESSAGE_DONE)
     return out
 
@@ -577,7 +606,8 @@ def _as_responses(steps: list[tuple]) -> list[tuple] | None:
 #: endings: ``responses_no_completed`` (every event of a finished message but the body ends
 #: before ``response.completed``: cut, not a success), ``responses_incomplete`` (stopped at
 #: ``max_output_tokens``, with a usage and cached tokens: a success whose finish reason is the
-#: limit), ``responses_failed`` (``response.failed`` after a token).
+#: limit), ``responses_failed`` (``response.failed`` after a token), ``responses_refusal_done``
+#: (a refusal in one ``response.refusal.done``).
 RESPONSES_SCENARIOS: dict[str, list[tuple]] = {
     name: converted for name, steps in SCENARIOS.items() if (converted := _as_responses(steps)) is not None
 }
@@ -600,6 +630,15 @@ RESPONSES_SCENARIOS["responses_incomplete"] = [
     _response_event("response.output_text.delta", output_index=0, content_index=0, delta=" three"),
     _response_event("response.incomplete", response=_response(
         "incomplete", RESPONSES_INCOMPLETE_USAGE, incomplete_details={"reason": "max_output_tokens"})),
+]  # fmt: skip
+# a refusal sent whole in response.refusal.done, no delta before it (the text arrives once)
+RESPONSES_SCENARIOS["responses_refusal_done"] = [
+    _response_event("response.created", response=_response("in_progress")),
+    ("sleep", SCHEDULE_TTFT_MS),
+    _response_event("response.refusal.done", output_index=0, content_index=0, refusal="".join(REFUSAL_TEXT)),
+    *_MESSAGE_DONE,
+    _response_event("response.completed", response=_response("completed", _responses_usage(
+        _usage(REFUSAL_USAGE_TOKENS)["usage"]))),
 ]  # fmt: skip
 RESPONSES_SCENARIOS["responses_failed"] = [
     _response_event("response.output_text.delta", output_index=0, content_index=0, delta="partial"),
@@ -665,6 +704,7 @@ async def _send_json(writer: asyncio.StreamWriter, status: int, body: Any) -> No
         404: "Not Found",
         429: "Too Many Requests",
         500: "Internal Server Error",
+        524: "A Timeout Occurred",
     }
     headers = {"Content-Type": "application/json", "Content-Length": str(len(payload))}
     if status == 429:
@@ -775,7 +815,9 @@ async def _send_text(writer: asyncio.StreamWriter, text: str) -> None:
 async def _stream(writer: asyncio.StreamWriter, steps: list[tuple], state: _State) -> bool:
     """Play a schedule. Returns False when the connection was cut on purpose."""
     if steps and steps[0][0] == "status":
-        _, code, body = steps[0]
+        _, code, body, *delay_ms = steps[0]
+        if delay_ms:  # answered after a wait, as a gateway that gave up on its origin
+            await asyncio.sleep(delay_ms[0] / 1000)
         await _send_json(writer, code, body)
         return True
     writer.write(
@@ -1078,6 +1120,9 @@ async def _handle(state: _State, reader: asyncio.StreamReader, writer: asyncio.S
                 said = said if api == "chat" else str(request.get("prompt"))
                 scenarios = SCENARIOS if api == "chat" else COMPLETIONS_SCENARIOS
                 steps = scenarios["http_500" if "[fail]" in said else "schedule"]
+            elif model == "refusal_or_524" and api == "chat":  # refusal, slow 524, refusal, ...
+                nth = sum(1 for r in state.requests if r.get("model") == model)
+                steps = SCENARIOS["refusal" if nth % 2 else "http_524_slow"]
             elif model == "prefix_cache":
                 # every message's words, in order: a conversation's history is its prompt's prefix
                 said = " ".join(str(m.get("content")) for m in request.get("messages") or [])

@@ -45,7 +45,7 @@ from flows.commands.options import (
     TokenizerOption,
     WarmupOption,
 )
-from flows.commands.stream_tables import print_cache, print_turns
+from flows.commands.stream_tables import print_cache, print_outcomes, print_turns
 from flows.commands.stream_writer import start_stream_writer
 from flows.commands.tables import console, fmt_interval, fmt_value, make_table, print_run_links
 from flows.commands.workload import (
@@ -372,5 +372,6 @@ def print_levels(levels: list[dict]) -> None:
             + "; ".join(repeated),
             highlight=False,
         )
+    print_outcomes(levels, console)
     print_cache(levels, console)
     print_turns(levels, console)

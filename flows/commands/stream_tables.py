@@ -96,3 +96,25 @@ def _turn_count(metrics: dict) -> int:
     while f"num_requests_turn{k + 1}" in metrics:
         k += 1
     return k
+
+
+def print_outcomes(levels: list[dict], console: Console) -> None:
+    """Under the level table, one line per level whose measured requests failed or refused:
+    each error class with its count and how long its users waited for it (p50 and max of the
+    records' ``error_after_ms``, in s: ``server 3 (waited p50 1.50 s, max 1.52 s)``; a slow
+    failure is not a fast one), and the refusals (``num_refusals``: answers, timed as text)."""
+    from tasks.report.plots import level_rate_label
+    from tasks.stream.quality import waited
+
+    for lv in levels:
+        m = lv["metrics"]
+        failed = [r for r in lv.get("requests") or () if not r.get("warmup") and r.get("error")]
+        said = []
+        for name in sorted({r["error"]["class"] for r in failed}):
+            each = [r.get("error_after_ms") for r in failed if r["error"]["class"] == name]
+            said.append(f"{name} {len(each)}{waited(each)}")
+        if m.get("num_refusals"):
+            said.append(f"refusals {m['num_refusals']} of {m.get('num_requests')} (answers, timed as text)")
+        if said:
+            where = f"conc {lv['max_concurrency']} rate {level_rate_label(lv['request_rate'], m)}"
+            console.print(f"{where}: " + "; ".join(said), highlight=False)

@@ -194,6 +194,8 @@ REGISTRY: tuple[Metric, ...] = (
     Metric("num_errors", "count", "stream", "Failed requests.", "higher"),
     Metric("error_rate", "fraction", "stream", "num_errors / num_requests.", "higher", comparable=True),
     Metric("errors_<class>", "count", "stream", "Failed requests of one error class.", "higher"),
+    Metric("error_after_ms", "ms", "stream", "Send -> the error, failed requests.", None, ("p50", "max")),
+    Metric("num_refusals", "count", "stream", "Answers that were refusals (delta.refusal text)."),
     Metric("output_tokens_total", "tokens", "stream", "Output tokens of the successful requests."),
     Metric("input_tokens_total", "tokens", "stream", "Prompt tokens of the successful requests."),
     Metric(

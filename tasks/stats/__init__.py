@@ -178,6 +178,8 @@ def aggregate_level(
     pooled), ``tpot_ms_*``, ``e2e_ms_*`` (successful requests only; stats in
     :data:`STAT_NAMES`); ``num_requests``, ``num_succeeded``, ``num_errors``, ``error_rate``
     (errors / requests), ``errors_<class>`` for each error class present;
+    ``error_after_ms_p50`` / ``_max`` (the failed requests' send -> error: how long their users
+    waited; None without one); ``num_refusals`` (answers that were refusals: text, not errors);
     ``output_tokens_total`` (successful requests; None when a successful request has no
     count), ``output_tokens_per_s``, ``input_tokens_total`` (prompt tokens of the successful
     requests; None when one has no count), ``total_tokens_per_s`` ((input + output tokens) /
@@ -206,6 +208,10 @@ def aggregate_level(
     out["error_rate"] = len(failed) / num_requests if num_requests else None
     for error_class, count in sorted(Counter(_error_class(r) for r in failed).items()):
         out[f"errors_{error_class}"] = count
+    waits = sorted(w for r in failed if (w := _field(r, "error_after_ms")) is not None)
+    out["error_after_ms_p50"] = percentile(waits, 50)
+    out["error_after_ms_max"] = waits[-1] if waits else None
+    out["num_refusals"] = sum(1 for r in measured if _field(r, "refusal"))
 
     counts = [_field(r, "output_tokens") for r in ok]
     total = None if any(c is None for c in counts) else int(sum(counts))

@@ -7,10 +7,12 @@ text-carrying chunks this module collects:
 - The clock is ``time.perf_counter_ns()`` read just before the request is sent.
 - A text-carrying chunk is one whose delta carries ``content``, or a reasoning field
   (``reasoning_content`` / ``reasoning``, sent by vLLM, SGLang, llama.cpp, DeepSeek as extra
-  fields, exposed by the openai client in ``delta.model_extra``). A role-only or empty chunk
-  is not a token.
+  fields, exposed by the openai client in ``delta.model_extra``), or ``refusal`` text (OpenAI's
+  structured-output refusals, passed on by gateways: tensorzero PR #4961, nvcf PR #1826; the
+  record's ``refusal`` says the answer was one). A role-only or empty chunk is not a token.
 - ``stream_close_ms``: to the end of the stream (a late usage-only chunk and ``[DONE]``
   stretch only this one, never ``e2e_ms``).
+- ``error_after_ms``: every failed record's send -> failure, the wait its user had.
 - A text-carrying chunk is also one whose delta carries ``tool_calls`` fragments (a function
   name or arguments): generated tokens like content (AIPerf PR #804); the fragments are joined
   per ``tool_calls[].index`` into the record's ``tool_calls``.
@@ -21,7 +23,7 @@ text-carrying chunks this module collects:
   special tokens; GenAI-Perf counts the same way) with ``usage_problem`` saying why. Never the
   chunk count, never ``max_tokens``.
 - ``cached_tokens``: the usage's ``prompt_tokens_details.cached_tokens``, else llama.cpp's own
-  server's ``timings.cache_n`` (its final chunk; :func:`_read_timings`).
+  server's ``timings.cache_n`` (its final chunk; ``level_result.fill_cached_tokens``).
 - A stream that ends cleanly with text but without a ``finish_reason``, a usage or ``[DONE]``
   may have been cut anywhere (inference-perf #655): ``stream_broken``, not a success.
 - ``api="responses"`` (OpenAI's Responses API): its events are read into the same state by
@@ -56,7 +58,7 @@ from tasks.stream.errors import (
     classify,
     server_died_message,
 )
-from tasks.stream.level_result import fill_output_tokens
+from tasks.stream.level_result import fill_cached_tokens, fill_output_tokens
 from tasks.stream.pool import Pool
 from tasks.stream.records import RequestRecord
 from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
@@ -294,6 +296,7 @@ async def stream_chat(
             **identity,
             error_class=BAD_PAYLOAD,
             error_message=f"the stream could not be read into a record: {type(exc).__name__}: {exc}",
+            error_after_ms=(end_ns - send_ns) / _NS_PER_MS,
         )
     if server_pid and record.error_class in (CONNECTION, STREAM_BROKEN) and await _gone_soon(server_pid):
         record.error_class = SERVER_DIED
@@ -316,22 +319,6 @@ async def _gone_soon(server_pid: int) -> bool:
             return False
         await asyncio.sleep(0.02)
     return True
-
-
-def _read_timings(record: RequestRecord, timings: Any) -> None:
-    """Where the usage gave none, ``cached_tokens`` from llama.cpp's ``timings.cache_n`` (prompt
-    tokens taken from its cache) and ``usage_prompt_tokens`` from ``cache_n + prompt_n``
-    (``prompt_n``: the prompt tokens it evaluated; llama.cpp ``tools/server``). Values that are
-    not counts are ignored."""
-    if not isinstance(timings, dict):
-        return
-    cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
-    if not isinstance(cached, int) or isinstance(cached, bool) or cached < 0:
-        return
-    if record.cached_tokens is None:
-        record.cached_tokens = cached
-    if record.usage_prompt_tokens is None and isinstance(evaluated, int) and evaluated >= 0:
-        record.usage_prompt_tokens = cached + evaluated
 
 
 def _build_record(
@@ -363,6 +350,7 @@ def _build_record(
         **identity,
         clock_fallback=fallback if kernel_clock else None,
         output_text="".join(parts),
+        refusal=bool(state["refusal"]),
         tool_calls=[
             {"index": index, "name": name, "arguments": arguments}
             for index, (name, arguments) in sorted(state["tool_calls"].items())
@@ -388,7 +376,7 @@ def _build_record(
     record.reasoning_tokens, record.usage_convention = usage.reasoning_tokens, usage.convention
     record.cached_tokens, record.usage_prompt_tokens = usage.cached_tokens, usage.prompt_tokens
     if state["timings"] is not None:  # llama.cpp's own server: its cache in timings
-        _read_timings(record, state["timings"])
+        fill_cached_tokens(record, state["timings"])
     record.usage_problem = usage.problem
     if usage.output_tokens is not None:
         record.output_tokens = usage.output_tokens
@@ -415,4 +403,6 @@ def _build_record(
             f"the stream ended after {len(arrivals_ns)} text chunks with no finish_reason, no usage "
             "and no [DONE]: the answer may have been cut anywhere (a proxy or the server closed it)"
         )
+    if record.error_class is not None:  # whatever failed, how long its user waited for it
+        record.error_after_ms = (end_ns - send_ns) / _NS_PER_MS
     return record

@@ -5,7 +5,7 @@ command's path: tests/benchmarks/command_phases.py).
 
 - :class:`LevelResult`: a level's records and client figures, before aggregation;
 - :func:`fill_output_tokens`: the output's token count by the tokenizer where the server's
-  usage gave none, then TPOT;
+  usage gave none, then TPOT; :func:`fill_cached_tokens`: llama.cpp's ``timings`` cache counts;
 - :class:`HistoryTokens`: a conversation turn's prompt tokens as the client counts them.
 """
 
@@ -19,7 +19,7 @@ from tasks.stream.records import RequestRecord
 from tasks.stream.settings import LevelSettings
 from tasks.stream.timing import tpot_ms
 
-__all__ = ["HistoryTokens", "LevelResult", "fill_output_tokens"]
+__all__ = ["HistoryTokens", "LevelResult", "fill_cached_tokens", "fill_output_tokens"]
 
 
 @dataclass
@@ -61,6 +61,22 @@ def fill_output_tokens(record: RequestRecord, count_tokens: Callable[[str], int]
         record.output_tokens = int(count_tokens(text))
         record.output_tokens_source = "tokenizer"
     record.tpot_ms = tpot_ms(record.ttft_ms, record.e2e_ms, record.output_tokens, record.token_offsets_ms)
+
+
+def fill_cached_tokens(record: RequestRecord, timings: Any) -> None:
+    """Where the usage gave none, ``cached_tokens`` from llama.cpp's ``timings.cache_n`` (prompt
+    tokens taken from its cache) and ``usage_prompt_tokens`` from ``cache_n + prompt_n``
+    (``prompt_n``: the prompt tokens it evaluated; llama.cpp ``tools/server``). Values that are
+    not counts are ignored."""
+    if not isinstance(timings, dict):
+        return
+    cached, evaluated = timings.get("cache_n"), timings.get("prompt_n")
+    if not isinstance(cached, int) or isinstance(cached, bool) or cached < 0:
+        return
+    if record.cached_tokens is None:
+        record.cached_tokens = cached
+    if record.usage_prompt_tokens is None and isinstance(evaluated, int) and evaluated >= 0:
+        record.usage_prompt_tokens = cached + evaluated
 
 
 class HistoryTokens:

@@ -125,7 +125,9 @@ def long_schedule_message(settings: Any) -> str | None:
 def failures_message(level: int, records: Iterable[Any]) -> str | None:
     """The warning for a level some of whose measured requests failed (records with ``warmup``,
     ``error_class`` and ``error_message``: ``tasks.stream.records.RequestRecord``): how many, of
-    which classes, and the first error; the level's latency figures are over the requests that
+    which classes, each with how long its users waited for it where the records say
+    (``error_after_ms``: ``server 3 (waited p50 1.50 s, max 1.52 s)``: a slow failure is not a
+    fast one), and the first error; the level's latency figures are over the requests that
     succeeded only (a server that died mid-level leaves the few that finished before). None
     when none failed."""
     measured = [r for r in records if not r.warmup]
@@ -133,13 +135,24 @@ def failures_message(level: int, records: Iterable[Any]) -> str | None:
     if not failed:
         return None
     split = ", ".join(
-        f"{name} {count}" for name, count in sorted(Counter(r.error_class for r in failed).items())
+        f"{name} {count}{waited(r.error_after_ms for r in failed if r.error_class == name)}"
+        for name, count in sorted(Counter(r.error_class for r in failed).items())
     )
     return (
         f"level {level}: {len(failed)} of {len(measured)} requests failed ({split}); its latency "
         f"figures are over the {len(measured) - len(failed)} that succeeded; first error "
         f"({failed[0].error_class}): {failed[0].error_message}"
     )
+
+
+def waited(waits_ms: Iterable[float | None]) -> str:
+    """`` (waited p50 1.50 s, max 1.52 s)``: the p50 and max, in seconds, of failures'
+    ``error_after_ms`` (``RequestRecord``'s: send -> error); '' where none is known (None: a
+    record from before the field)."""
+    waits = sorted(w for w in waits_ms if w is not None)
+    if not waits:
+        return ""
+    return f" (waited p50 {percentile(waits, 50) / 1000:.2f} s, max {waits[-1] / 1000:.2f} s)"
 
 
 def client_figures(

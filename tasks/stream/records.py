@@ -67,11 +67,15 @@ class RequestRecord:
         output_text: all generated text, reasoning deltas included, in arrival order.
         tool_calls: the tool calls generated, ``{"index", "name", "arguments"}`` each, their
             fragments joined per ``tool_calls[].index`` (their chunks are text chunks).
+        refusal: the answer was a refusal (``delta.refusal`` text, the Responses API's
+            ``response.refusal.*``): its text is the output and timed as content is.
         decode_unobserved: why the client could not see the decode, so TPOT is None and the
             request neither passes nor fails a TPOT SLO: ``one_token``, ``one_chunk`` or
             ``one_read`` (every chunk arrived at one instant); None when it could
             (``tasks.stream.timing.decode_unobserved``).
         error_class / error_message: None for a success (see ``tasks.stream.errors``).
+        error_after_ms: send to the failure (the user's wait for it, e.g. a gateway's 524 after
+            1.5 s), for every failed request on either transport; None for a success.
         token_offsets_ms: arrival time of every text-carrying chunk since send, on the clock
             ``arrival_clock`` names.
         arrival_clock: ``kernel`` (each chunk's time is the kernel's receive stamp of the read
@@ -117,8 +121,10 @@ class RequestRecord:
     usage_prompt_tokens: int | None = None
     output_text: str = ""
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    refusal: bool = False
     error_class: str | None = None
     error_message: str | None = None
+    error_after_ms: float | None = None
     token_offsets_ms: list[float] = field(default_factory=list)
     arrival_clock: str = "user"
     user_token_offsets_ms: list[float] = field(default_factory=list)
@@ -178,8 +184,10 @@ class RequestRecord:
             "usage_prompt_tokens": self.usage_prompt_tokens,
             "output_text": self.output_text,
             "tool_calls": [dict(call) for call in self.tool_calls],
+            "refusal": self.refusal,
             "decode_unobserved": self.decode_unobserved,
             "error": error,
+            "error_after_ms": self.error_after_ms,
             "token_offsets_ms": list(self.token_offsets_ms),
             "arrival_clock": self.arrival_clock,
             "user_token_offsets_ms": list(self.user_token_offsets_ms),
@@ -311,9 +319,11 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "usage_prompt_tokens": pl.Int64(),
     "output_text": pl.String(),
     "tool_calls": pl.List(pl.Struct({"index": pl.Int64(), "name": pl.String(), "arguments": pl.String()})),
+    "refusal": pl.Boolean(),
     "decode_unobserved": pl.String(),
     "error_class": pl.String(),
     "error_message": pl.String(),
+    "error_after_ms": pl.Float64(),
     "arrival_clock": pl.String(),
     "clock_fallback": pl.String(),
     "coalesced_events": pl.Int64(),

@@ -11,6 +11,9 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   ``response.function_call_arguments.delta`` (and its name, in ``response.output_item.added``)
   is joined per ``output_index`` into the state's ``tool_calls``, a text chunk as chat's
   ``tool_calls`` fragments are. An empty delta is not a token.
+- A refusal (``response.refusal.delta``; ``response.refusal.done``'s whole ``refusal`` where no
+  delta came before it) is the answer's text too, and the state's ``refusal`` says so, as
+  chat's ``delta.refusal`` (:func:`tasks.stream.transports.chat_events`).
 - ``response.completed``: the end; ``response.usage`` (``input_tokens``, ``output_tokens``,
   ``input_tokens_details.cached_tokens``, ``output_tokens_details.reasoning_tokens``,
   ``total_tokens``) is kept in the chat names (:func:`chat_usage`), so the record is built by
@@ -48,6 +51,7 @@ TEXT_EVENTS = frozenset(
     }
 )
 _ARGS_DELTA = "response.function_call_arguments.delta"
+_REFUSAL, _REFUSAL_DONE = "response.refusal.delta", "response.refusal.done"
 _ITEM_ADDED = "response.output_item.added"
 _COMPLETED, _INCOMPLETE, _FAILED = "response.completed", "response.incomplete", "response.failed"
 
@@ -132,6 +136,17 @@ def _call_piece(kind: str, event: Any, calls: dict[int, list[str]]) -> bool:
     return True
 
 
+def _refused(kind: str, event: Any, state: dict[str, Any]) -> str:
+    """The refusal text a refusal event adds (module docstring), '' none; kept as the state's
+    ``refusal``."""
+    text = _field(event, "delta" if kind == _REFUSAL else "refusal")
+    if not isinstance(text, str) or (kind == _REFUSAL_DONE and state["refusal"]):
+        return ""  # a done event after deltas repeats them
+    if text:
+        state["refusal"] = text
+    return text
+
+
 def _cut(state: dict[str, Any]) -> StreamError:
     return StreamError(
         STREAM_BROKEN,
@@ -178,6 +193,10 @@ async def receive_responses(
         elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
             if _call_piece(kind, event, calls):
                 arrived(state, read_ns, rx_ns, "")
+        elif kind == _REFUSAL or kind == _REFUSAL_DONE:
+            text = _refused(kind, event, state)
+            if text:
+                arrived(state, read_ns, rx_ns, text)
         elif kind == _COMPLETED or kind == _INCOMPLETE:
             _finish(kind, event, state)
         elif kind == _FAILED or kind == "error":
@@ -208,6 +227,7 @@ def warm_openai_events() -> None:
     for kind, fields in (
         ("response.output_text.delta", {"delta": ""}),
         ("response.reasoning_text.delta", {"delta": ""}),
+        ("response.refusal.delta", {"delta": ""}),
         ("response.created", {"response": response}),
         ("response.output_item.added", {"item": {"type": "message", "content": []}}),
         ("response.output_item.added", {"item": {"type": "function_call", "name": ""}}),
@@ -242,6 +262,11 @@ async def receive_openai_responses(create: Any, kwargs: dict[str, Any], state: d
                 if _call_piece(kind, event, calls):
                     arrivals.append(now_ns)
                     parts.append("")
+            elif kind == _REFUSAL or kind == _REFUSAL_DONE:
+                text = _refused(kind, event, state)
+                if text:
+                    arrivals.append(now_ns)
+                    parts.append(text)
             elif kind == _COMPLETED or kind == _INCOMPLETE:
                 _finish(kind, event, state)
             elif kind == _FAILED or kind == "error":

@@ -24,7 +24,8 @@ Per window (units in the names; None where the window has nothing to measure):
   and their end (a failed one to its failure): the integral of the in-flight count over the
   window / its length. ``requests_in_flight_max``: the most at any instant in it.
 - ``requests_sent`` / ``requests_finished`` / ``requests_failed``: sends, ends, and ends of
-  failed requests in it.
+  failed requests in it. A failure ends when its user got it (``error_after_ms`` after its
+  send: a gateway's 524 after 1.5 s is in flight for 1.5 s, and counted where it came).
 - ``ttft_ms_p50`` (of ``ttft_count``): TTFT p50 of the successful requests whose first text
   chunk *arrived* in the window (what the server was delivering then, not when it was asked).
 - ``itl_ms_mean`` / ``itl_ms_p50`` (of ``itl_count``): the ITL gaps *ending* in it (the gap
@@ -144,9 +145,9 @@ class Window:
 
 
 def request_end_ns(record: RequestRecord) -> int:
-    """When a request ended on ``perf_counter_ns``: its stream's close (a failure: the failure),
-    else its last text chunk, else its send."""
-    close = record.stream_close_ms
+    """When a request ended on ``perf_counter_ns``: its stream's close, else its failure
+    (``error_after_ms``: an HTTP error's answer), else its last text chunk, else its send."""
+    close = record.stream_close_ms if record.stream_close_ms is not None else record.error_after_ms
     if close is None:
         close = record.e2e_ms if record.e2e_ms is not None else (record.ttft_ms or 0.0)
     return record.send_ns + round(close * _NS_PER_MS)

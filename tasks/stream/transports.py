@@ -51,7 +51,8 @@ def new_state() -> dict[str, Any]:
     where none; empty on a transport without stamps: :mod:`tasks.stream.rxclock`), ``parts``
     (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the openai
     client's usage object, or None), ``chunks`` (int, every parsed chunk),
-    ``finish_reason`` (str or None), ``in_stream`` (bool, True once a 200 response began),
+    ``finish_reason`` (str or None), ``refusal`` (the last refusal text chunk's, '' none: the
+    answer was a refusal), ``in_stream`` (bool, True once a 200 response began),
     ``connect_ns`` ((start, end) ``perf_counter_ns`` of opening a new connection; None when a
     pooled one was reused) and ``sent_ns`` (``perf_counter_ns`` when the request's last byte was
     handed to the kernel; 0 unknown), ``done`` (bool, ``[DONE]`` came; the openai transport
@@ -69,6 +70,7 @@ def new_state() -> dict[str, Any]:
         "usage": None,
         "chunks": 0,
         "finish_reason": None,
+        "refusal": "",
         "in_stream": False,
         "connect_ns": None,
         "sent_ns": 0,
@@ -175,6 +177,7 @@ class _Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    refusal: str | None = None  # structured-output refusals: text (tasks.stream.client's docstring)
     tool_calls: msgspec.Raw = None  # type: ignore[assignment]  # (Raw | None fails on any value)
 
 
@@ -218,6 +221,8 @@ def _read_event(payload: bytes, state: dict[str, Any]) -> tuple[Any, bool, Any, 
         delta = choice.get("delta")
         if isinstance(delta, dict):
             text = delta.get("content") or delta.get("reasoning_content") or delta.get("reasoning")
+            if not text and isinstance(delta.get("refusal"), str):
+                text = state["refusal"] = delta["refusal"]
             calls = delta.get("tool_calls")
             if calls:
                 called = add_tool_calls(calls, state["tool_calls"])
@@ -261,10 +266,10 @@ async def read_sse(
     try:
         async with asyncio.timeout(timeout_s):
             response = await pool.post(url, headers, _dumps(_request_body(kwargs)), state)
+        state["sent_ns"] = response.sent_ns  # an error's too: its record says when it was sent
         if response.status != 200:
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True
-        state["sent_ns"] = response.sent_ns
         await response.consume(framer.sink, timeout_s, (framer, on_event))
     except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
@@ -302,6 +307,8 @@ def chat_events(state: dict[str, Any]) -> Callable[[bytes, int, int | None], Non
             called = False
             if delta is not None:
                 text = delta.content or delta.reasoning_content or delta.reasoning
+                if not text and delta.refusal:  # read only where the usual fields are empty
+                    text = state["refusal"] = delta.refusal
                 if delta.tool_calls is not None:
                     called = add_tool_calls(loads(bytes(delta.tool_calls)), tool_calls)
             else:  # /completions: choices[].text
@@ -377,6 +384,8 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
                     extra = delta.model_extra
                     if extra:
                         text = extra.get("reasoning_content") or extra.get("reasoning")
+                    if not text and delta.refusal:  # ChoiceDelta.refusal, as chat_events reads it
+                        text = state["refusal"] = delta.refusal
                 if not isinstance(text, str):
                     text = ""
                 called = bool(delta is not None and delta.tool_calls) and add_tool_calls(

@@ -68,7 +68,8 @@ class StreamConfig(_Strict):
         1.0,
         gt=0,
         description="On the user clock, a level is client-bound when the client's event-loop lag "
-        "p99 exceeds this (ms).",
+        "p99 exceeds this (ms); on the kernel clock, the error (ms) past which a coalesced ITL "
+        "gap is doubtful (client_bound_coalesced_fraction).",
     )
     arrival_clock: Literal["kernel", "user"] = Field(
         "kernel",
@@ -81,7 +82,9 @@ class StreamConfig(_Strict):
         ge=0,
         le=1,
         description="On the kernel clock, a level is client-bound when more than this fraction "
-        "of its ITL gaps came coalesced (several chunks in one read).",
+        "of its ITL gaps may be off by over client_bound_tolerance_ms: chunks that came in one "
+        "read (one stamp) after the client's loop had been behind longer than that (chunks a "
+        "server wrote together, read late, are exact and not counted).",
     )
     client_processes: int | None = Field(
         None,

@@ -298,8 +298,10 @@ REGISTRY: tuple[Metric, ...] = (
         "client_bound",
         "0/1",
         "stream",
-        "1 when the client limited the figures: on the kernel clock coalesced_event_fraction, on "
-        "the user clock client_loop_lag_ms_p99, past its tolerance.",
+        "1 when the client may have limited the figures: on the kernel clock, more than "
+        "client_bound_coalesced_fraction of the ITL gaps may be off by over the tolerance (chunks "
+        "in one read after the loop was behind longer than it; not coalesced_event_fraction), on "
+        "the user clock client_loop_lag_ms_p99 past its tolerance.",
         "higher",
     ),
     Metric(

@@ -32,6 +32,11 @@ level whose chunks were all read on time.
 
 The flag: a level is ``client_bound`` when the kept samples' p99 lag exceeds the tolerance
 (``StreamConfig.client_bound_tolerance_ms``, default 1 ms).
+
+On the kernel clock the probe is also evidence of when the loop was free: a sample written at
+``w`` and read at ``r`` says the loop served what was ready at ``w`` by ``r``. The figures
+(:class:`LagFigures`) keep the samples as ``timeline`` for
+:func:`tasks.stream.rxclock.late_coalesced_gaps`, in this process only.
 """
 
 from __future__ import annotations
@@ -47,6 +52,17 @@ import time
 from tasks.stats import percentile
 
 _STAMP = struct.Struct("<q")
+
+
+class LagFigures(dict):
+    """The probe's figures (:meth:`LoopLagProbe.metrics`: a plain dict to JSON and pickle
+    readers) and, as the attribute ``timeline``, its samples: ``(written_ns, read_ns)``, two
+    lists of ``time.perf_counter_ns`` in write order (None when the figures were not one
+    probe's). An attribute, not an item, so that the samples (thousands a minute) never travel
+    with the figures: a client process or Dask worker ships its count of doubtful gaps instead
+    (``coalesced_late_gaps``, :func:`tasks.stream.multiproc.merge_lags`)."""
+
+    timeline: tuple[list[int], list[int]] | None = None
 
 
 # The writer process: plain Python with no imports beyond the standard library, so it starts in
@@ -78,6 +94,7 @@ class LoopLagProbe:
     Attributes:
         lags_ms: one entry per probe stamp received: receive time - write time, in ms.
         stamps_ns: the write time of each entry (``time.perf_counter_ns``).
+        reads_ns: the time the loop read each entry (``time.perf_counter_ns``).
 
     Usage::
 
@@ -93,6 +110,7 @@ class LoopLagProbe:
         self.interval_s = interval_ms / 1000.0
         self.lags_ms: list[float] = []
         self.stamps_ns: list[int] = []
+        self.reads_ns: list[int] = []
         self._writer: subprocess.Popen | None = None
         self._rfd: int | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,6 +127,7 @@ class LoopLagProbe:
         self._buffer = data[whole:]
         for (stamp,) in _STAMP.iter_unpack(data[:whole]):
             self.stamps_ns.append(stamp)
+            self.reads_ns.append(now)
             self.lags_ms.append((now - stamp) / 1e6)
 
     async def __aenter__(self) -> LoopLagProbe:
@@ -150,20 +169,20 @@ class LoopLagProbe:
                 kept.append(lag)
         return kept
 
-    def metrics(
-        self, tolerance_ms: float, arrivals_ns: list[int] | None = None
-    ) -> dict[str, float | int | None]:
+    def metrics(self, tolerance_ms: float, arrivals_ns: list[int] | None = None) -> LagFigures:
         """``client_loop_lag_ms_p50/p99/max``, ``client_loop_lag_samples`` and ``client_bound``
         (1 when p99 > ``tolerance_ms``, else 0; None without samples). With ``arrivals_ns``
         (the level's text-chunk arrival times, sorted), only the samples during which a chunk
-        arrived count; without, all."""
+        arrived count; without, all. Every sample is in ``timeline`` (:class:`LagFigures`)."""
         lags = self.lags_ms if arrivals_ns is None else self.receiving_lags_ms(arrivals_ns)
         data = sorted(lags)
         p99 = percentile(data, 99.0)
-        return {
-            "client_loop_lag_ms_p50": percentile(data, 50.0),
-            "client_loop_lag_ms_p99": p99,
-            "client_loop_lag_ms_max": data[-1] if data else None,
-            "client_loop_lag_samples": len(data),
-            "client_bound": None if p99 is None else int(p99 > tolerance_ms),
-        }
+        figures = LagFigures(
+            client_loop_lag_ms_p50=percentile(data, 50.0),
+            client_loop_lag_ms_p99=p99,
+            client_loop_lag_ms_max=data[-1] if data else None,
+            client_loop_lag_samples=len(data),
+            client_bound=None if p99 is None else int(p99 > tolerance_ms),
+        )
+        figures.timeline = (list(self.stamps_ns), list(self.reads_ns))
+        return figures

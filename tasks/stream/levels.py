@@ -390,12 +390,14 @@ def _warn_client(
             100 * metrics["coalesced_event_fraction"], 100 * settings.coalesced_tolerance
         )
         logger.warning(
-            "level %d is client-bound: %s %% of its ITL gaps came coalesced (several chunks in one "
-            "read, > %s %%): the client read too late to separate them; its ITL figures describe "
-            "the client, not the server (%s, or fewer streams)",
+            "level %d is client-bound: over %s %% of its ITL gaps may be off by more than %s ms: "
+            "their chunks came in one read after the client's loop had been behind longer than "
+            "that, so they share the last one's stamp (%s %% of its gaps came coalesced); its "
+            "ITL figures may describe the client, not the server (%s, or fewer streams)",
             index,
-            share,
             limit,
+            f"{settings.lag_tolerance_ms:g}",
+            share,
             quality.more_clients(metrics),
         )
         return

@@ -48,6 +48,8 @@ from typing import Any
 from tasks import asyncrun
 from tasks.bare_main import bare_main
 from tasks.phases import mark
+from tasks.stream import rxclock
+from tasks.stream.lag import LagFigures
 from tasks.stream.level_result import HistoryTokens, LevelResult, fill_output_tokens
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
@@ -74,12 +76,30 @@ def auto_processes(concurrency: int) -> int:
 def merge_lags(lags: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """The loop-lag figures of several loops (a level's processes, or its repeats): the worst
     loop's (largest p99: any late loop delays its chunks), its flag set when any loop's was;
-    empty when none was measured."""
+    empty when none was measured.
+
+    The kernel clock's evidence (``tasks.stream.rxclock.late_coalesced_gaps``) is one loop's:
+    ``coalesced_late_gaps`` is summed when every loop counted its own (client processes); else
+    the probes' samples (``tasks.stream.lag.LagFigures.timeline``) are joined when the loops
+    ran one after another (repeats in one process), and dropped when they overlapped in time
+    (loops whose records cannot be told apart: the judge then takes no loop's evidence)."""
     known = [lag for lag in lags if lag.get("client_loop_lag_ms_p99") is not None]
     if not known:
         return {}
     worst = max(known, key=lambda lag: lag["client_loop_lag_ms_p99"])
-    return {**worst, "client_bound": int(any(lag.get("client_bound") for lag in known))}
+    out = LagFigures(worst, client_bound=int(any(lag.get("client_bound") for lag in known)))
+    out.pop("coalesced_late_gaps", None)
+    counts = [lag.get("coalesced_late_gaps") for lag in lags]
+    if all(count is not None for count in counts):
+        out["coalesced_late_gaps"] = sum(counts)
+        return out
+    timelines = sorted(
+        (t for t in (getattr(lag, "timeline", None) for lag in lags) if t is not None and t[0]),
+        key=lambda t: t[0][0],
+    )
+    if len(timelines) == len(lags) and all(a[1][-1] < b[0][0] for a, b in zip(timelines, timelines[1:])):
+        out.timeline = ([w for t in timelines for w in t[0]], [r for t in timelines for r in t[1]])
+    return out
 
 
 def _share_of(concurrency: int, processes: int, k: int) -> int:
@@ -229,7 +249,13 @@ def _child(
         mark("client_process_started")
         out.put(("started", k))
         result = asyncrun.run(main())  # not asyncio.run: tasks.asyncrun
-        done = {"lag": result.lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
+        # the doubtful coalesced gaps are judged here, on this loop's own reads and probe: the
+        # parent's records mix loops, one's reads no evidence of another's (rxclock)
+        late = rxclock.late_coalesced_gaps(
+            result.measured, getattr(result.lag, "timeline", None), settings.lag_tolerance_ms
+        )
+        lag = {**result.lag, "coalesced_late_gaps": late}
+        done = {"lag": lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
         out.put(("done", {**done, "last_done_ns": result.last_done_ns}))
     except BaseException as exc:  # the parent reports it; a record sent before stays kept
         out.put(("failed", f"client process {k}: {type(exc).__name__}: {exc}"))

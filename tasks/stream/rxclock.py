@@ -34,11 +34,13 @@ Linux only; elsewhere :data:`SUPPORTED` is False and every record says ``arrival
 
 from __future__ import annotations
 
+import bisect
 import operator
 import socket
 import struct
 import sys
 import time
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 #: ``SO_TIMESTAMPNS`` (Linux value 35 where Python does not export the name). The ancillary
@@ -178,3 +180,87 @@ def coalesced_events(rx_ns: list[int], kernel_ns: list[int], user_ns: list[int])
             if stamp and stamp == before and user - kernel > LATE_READ_NS
         ]
     )
+
+
+#: Evidence entries one doubtful read may walk back over before it settles for what it found
+#: (a smaller lower bound: a larger, so more cautious, doubt).
+_EVIDENCE_WALK = 4096
+
+
+def _reads(record: Any) -> list[tuple[int, int, int]]:
+    """A kernel-clock record's reads that carried text: ``(kernel_ns, read_ns, events)`` on the
+    records' clock, consecutive text chunks with one kernel stamp being one read."""
+    out: list[list[int]] = []
+    send = record.send_ns
+    for kernel, user in zip(record.token_offsets_ms, record.user_token_offsets_ms):
+        if out and out[-1][3] == kernel:
+            out[-1][2] += 1
+        else:
+            out.append([send + round(kernel * 1e6), send + round(user * 1e6), 1, kernel])
+    return [(k, u, n) for k, u, n, _ in out]
+
+
+def late_coalesced_gaps(
+    records: Iterable[Any], timeline: tuple[Sequence[int], Sequence[int]] | None, tolerance_ms: float
+) -> int:
+    """How many ITL gaps of one event loop's kernel-clock records may be wrong by more than
+    ``tolerance_ms`` because their chunks came coalesced (several in one read). Judged from what
+    the client saw, never from a count of coalesced chunks alone.
+
+    Why (``SO_TIMESTAMPNS`` stamps a read with its LAST segment's arrival, module docstring):
+    a read of ``n`` text chunks stamped ``s`` is exact when the chunks arrived together (a
+    server that wrote them back to back: an instrument or engine catching up after a stall, a
+    server that batches); it is wrong by ``s - a`` for a chunk that arrived at ``a`` and waited
+    for the later ones. Those chunks' gaps, and the gap into the read, are then off by up to
+    ``s - a_first``. The client cannot see ``a_first``, but it can bound it from below:
+
+    - the connection's previous read (``read_ns``) took everything that had arrived by then,
+      so ``a_first`` is after it (the request's send for its first read);
+    - the loop takes every ready connection in each turn, in the order they became ready
+      (epoll's ready list), so ``a_first`` is after the arrival of anything it read before this
+      read: another connection's single-chunk read (its one segment's stamp) or a loop-lag
+      probe sample (``timeline``: written at ``w``, read at ``r``; an idle loop reads each
+      at once), only those whose arrival is at or before ``s``.
+
+    So ``s - max(those)`` bounds every error the read can hold. A read whose bound exceeds the
+    tolerance makes its ``n`` gaps doubtful (``n - 1`` for a response's first read: no gap
+    into it). The bound is tight where the loop was free or turning quickly (the other
+    connections' reads and the probe come every few microseconds to 2 ms), and as wide as the
+    loop's stall where it was not: exactly where chunks that arrived apart can share a stamp.
+    With 512 streams on two shared cores, the instrument stalls as the client does and then
+    writes a stream's late chunks back to back; the client reads them, read over 1 ms after
+    their stamp, in one read: the old count (:func:`coalesced_events`) called those wrong and
+    flagged levels whose ITL error p99 was 0.04 ms (issue 50).
+
+    ``records``: one loop's records (``send_ns``, ``arrival_clock``, ``token_offsets_ms`` and
+    ``user_token_offsets_ms``; others are skipped); mixing loops (client processes) would take
+    one loop's reads as evidence for another: pass ``timeline=None`` then, and only the
+    connection's own previous read bounds ``a_first`` (more doubtful reads, never fewer).
+    ``timeline``: :attr:`tasks.stream.lag.LagFigures.timeline` of the same loop, or None.
+    """
+    kept = [
+        (r.send_ns, _reads(r))
+        for r in records
+        if r.arrival_clock == "kernel" and r.user_token_offsets_ms and r.send_ns
+    ]
+    evidence: list[tuple[int, int]] = []  # (read_ns, arrival_ns), in read order
+    if timeline is not None:
+        evidence = [(u, k) for _, reads in kept for k, u, n in reads if n == 1]
+        evidence += zip(timeline[1], timeline[0])
+        evidence.sort()
+    read_times = [u for u, _ in evidence]
+    limit = round(tolerance_ms * 1e6)
+    doubtful = 0
+    for before, reads in kept:  # before: the request's send, then the previous read
+        for i, (kernel, user, n) in enumerate(reads):
+            if n > 1:
+                lower, j = before, bisect.bisect_left(read_times, user) - 1
+                stop = max(j - _EVIDENCE_WALK, -1)
+                while j > stop and evidence[j][0] > lower:  # read at or before `lower`: arrived before
+                    if lower < evidence[j][1] <= kernel:
+                        lower = evidence[j][1]
+                    j -= 1
+                if kernel - lower > limit:
+                    doubtful += n if i else n - 1
+            before = user
+    return doubtful

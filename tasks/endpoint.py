@@ -39,6 +39,9 @@ class Endpoint:
     #: the embedded server's process (None for a configured base_url): requests refused or cut
     #: after its death are ``server_died``, not connection errors (tasks.engines.death)
     server_pid: int | None = None
+    #: a PEM file of the CAs that sign the endpoint's certificate (``endpoint.ca_bundle``); None:
+    #: the system store, or ``SSL_CERT_FILE``
+    ca_bundle: str | None = None
 
     def api_key(self) -> str:
         """The key from the named environment variable.
@@ -85,6 +88,7 @@ def open_endpoint(
             server_kind="openai-compatible",
             tokenizer=endpoint.tokenizer or "gguf:default",
             request_timeout_s=endpoint.request_timeout_s,
+            ca_bundle=str(endpoint.ca_bundle) if endpoint.ca_bundle else None,
         )
         return
     with embedded_server(

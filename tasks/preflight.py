@@ -8,7 +8,11 @@ Standard library only (urllib): no client library, no event loop.
 The checks, in order (:func:`check_endpoint`):
 
 1. TCP: something accepts connections at the host and port (refused / no answer in
-   ``timeout_s``) -> ``base_url``.
+   ``timeout_s``) -> ``base_url``. Through a proxy (:mod:`tasks.stream.proxy`: the rule every
+   path to the endpoint follows) the proxy must accept the connection, and for ``https`` grant
+   a CONNECT tunnel to the endpoint (its refusal named with its status). For ``https``, a TLS
+   handshake with the CA bundle (``endpoint.ca_bundle``, else the system store or
+   ``SSL_CERT_FILE``): an untrusted certificate -> ``ca_bundle``.
 2. ``GET {base_url}/models`` (OpenAI, vLLM, llama.cpp, SGLang, TGI serve it): 401/403 ->
    ``api_key_env``; 200 with a model list that lacks the model -> ``model`` (naming what it
    serves).
@@ -21,7 +25,8 @@ The checks, in order (:func:`check_endpoint`):
    {base_url}/responses``.
 
 Any other answer (other 5xx, 400, 429, a slow server) is left to the run, which records it per
-request: pre-flight only stops settings that can never work.
+request: pre-flight only stops settings that can never work. The HTTP calls go through the
+proxy the endpoint's URL is given (or none), with the same TLS context as the run.
 """
 
 from __future__ import annotations
@@ -30,11 +35,14 @@ import hashlib
 import json
 import os
 import socket
+import ssl
 import time
 import urllib.error
 import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
+
+from tasks.stream import proxy as proxies
 
 __all__ = [
     "PreflightError",
@@ -69,40 +77,102 @@ class PreflightError(Exception):
         return f"{(names or {}).get(self.setting, default)}: {self.message}"
 
 
-def check_reachable(base_url: str, timeout_s: float = 5.0) -> None:
-    """Something accepts a TCP connection at ``base_url``'s host and port.
+def check_reachable(base_url: str, timeout_s: float = 5.0, ca_bundle: str | None = None) -> None:
+    """Something accepts a TCP connection at ``base_url``'s host and port, or at its proxy's
+    (:func:`tasks.stream.proxy.proxy_for`), which for ``https`` grants a CONNECT tunnel to it;
+    for ``https``, the endpoint's certificate is trusted (``ca_bundle``, else the default store).
 
     Raises:
-        PreflightError: (``base_url``) refused, DNS failure, or no answer in ``timeout_s``.
+        PreflightError: (``base_url``) refused, DNS failure, or no answer in ``timeout_s``, the
+            proxy's included (named without credentials, with its status); (``ca_bundle``) a
+            certificate the TLS context does not trust.
     """
     url = urlsplit(base_url)
+    host = url.hostname or ""
     port = url.port or (443 if url.scheme == "https" else 80)
     try:
-        socket.create_connection((url.hostname, port), timeout=timeout_s).close()
+        proxy = proxies.proxy_for(base_url)
+        where = f"{host}:{port}" if proxy is None else f"the proxy {proxy} (from {proxy.variable})"
+        if proxy is None:
+            sock = socket.create_connection((host, port), timeout=timeout_s)
+        elif url.scheme == "https":
+            sock = proxies.tunnel_sync(proxy, host, port, timeout_s)
+        else:  # forwarded: only the proxy is connected to here; _call asks it the rest
+            sock = socket.create_connection((proxy.host, proxy.port), timeout=timeout_s)
+    except proxies.ProxyError as exc:  # a proxy variable it cannot use, or the proxy's refusal
+        raise PreflightError("base_url", str(exc)) from None
     except TimeoutError:
         raise PreflightError(
             "base_url",
-            f"{url.hostname}:{port} does not answer (timed out after {timeout_s:g} s); "
-            "check the host and port, and that the server is up",
+            f"{where} does not answer (timed out after {timeout_s:g} s); check the host and port, "
+            "and that the server is up",
         ) from None
     except OSError as exc:
-        reason = exc.strerror or type(exc).__name__
+        reason = exc.strerror or str(exc) or type(exc).__name__
+        fix = "start the server or fix the URL" if proxy is None else f"check {proxy.variable}"
+        raise PreflightError(
+            "base_url", f"nothing accepts connections at {where} ({reason}); {fix}"
+        ) from None
+    with sock:
+        if url.scheme == "https":
+            _check_tls(sock, host, port, ca_bundle, timeout_s)
+
+
+def _check_tls(sock: socket.socket, host: str, port: int, ca_bundle: str | None, timeout_s: float) -> None:
+    """A TLS handshake on ``sock`` (to ``host``, directly or tunnelled) with the run's context.
+
+    Raises:
+        PreflightError: (``ca_bundle``) the certificate is not trusted or not ``host``'s;
+            (``base_url``) the handshake fails otherwise (not a TLS server).
+    """
+    sock.settimeout(timeout_s)
+    try:
+        with proxies.tls_context(ca_bundle).wrap_socket(sock, server_hostname=host):
+            return
+    except ssl.SSLCertVerificationError as exc:
+        trust = f"the CA bundle {ca_bundle}" if ca_bundle else "the system store (nor SSL_CERT_FILE)"
+        raise PreflightError(
+            "ca_bundle",
+            f"{host}:{port}'s certificate is not trusted by {trust} ({exc.verify_message}); give "
+            "the PEM file of the CA that signed it (or set SSL_CERT_FILE to it)",
+        ) from None
+    except (ssl.SSLError, OSError) as exc:
         raise PreflightError(
             "base_url",
-            f"nothing accepts connections at {url.hostname}:{port} ({reason}); start the server or fix the URL",
+            f"the TLS handshake with {host}:{port} failed ({exc}); is it an https server? "
+            "(an http one: write http://)",
         ) from None
 
 
-def _call(url: str, key: str | None, body: dict | None, timeout_s: float) -> tuple[int, str]:
+def _opener(url: str, ca_bundle: str | None) -> urllib.request.OpenerDirector:
+    """urllib with the proxy :func:`tasks.stream.proxy.proxy_for` names for ``url`` (none: direct,
+    whatever urllib's own rule says: it lacks the loopback one), for https the run's TLS."""
+    scheme = urlsplit(url).scheme
+    try:
+        proxy = proxies.proxy_for(url)
+    except proxies.ProxyError:  # check_reachable named it
+        proxy = None
+    handlers: list[urllib.request.BaseHandler] = [
+        urllib.request.ProxyHandler({scheme: proxy.url} if proxy else {})
+    ]
+    if scheme == "https":
+        handlers.append(urllib.request.HTTPSHandler(context=proxies.tls_context(ca_bundle)))
+    return urllib.request.build_opener(*handlers)
+
+
+def _call(
+    url: str, key: str | None, body: dict | None, timeout_s: float, ca_bundle: str | None = None
+) -> tuple[int, str]:
     """(HTTP status, up to 2 kB of the body: the error text; empty for a 200 chat stream,
-    which is not read). Status 0: no answer in time, or the connection broke."""
+    which is not read). Status 0: no answer in time, or the connection broke. Through the
+    endpoint's proxy (or none) and TLS context (:func:`_opener`)."""
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with _opener(url, ca_bundle).open(request, timeout=timeout_s) as response:
             return response.status, "" if data else response.read(1 << 20).decode(errors="replace")
     except urllib.error.HTTPError as exc:
         try:
@@ -152,6 +222,7 @@ def check_endpoint(
     key_env: str | None,
     timeout_s: float = 10.0,
     api: str = "chat",
+    ca_bundle: str | None = None,
 ) -> None:
     """Run the pre-flight checks (module docstring) against ``base_url`` (``…/v1``).
 
@@ -160,13 +231,16 @@ def check_endpoint(
         timeout_s: per check; a server slower than that is left to the run.
         api: ``chat`` probes ``/chat/completions``, ``completions`` ``/completions``,
             ``responses`` ``/responses`` (the endpoint the run will stream from).
+        ca_bundle: a PEM file of the CAs trusted for an https endpoint (None: the default
+            store, or ``SSL_CERT_FILE``).
 
     Raises:
-        PreflightError: naming ``base_url``, ``model`` or ``api_key_env``, with the fix.
+        PreflightError: naming ``base_url``, ``model``, ``api_key_env`` or ``ca_bundle``, with
+            the fix.
     """
     base = base_url.rstrip("/")
-    check_reachable(base, min(timeout_s, 5.0))
-    status, body = _call(f"{base}/models", key, None, timeout_s)
+    check_reachable(base, min(timeout_s, 5.0), ca_bundle)
+    status, body = _call(f"{base}/models", key, None, timeout_s, ca_bundle)
     if status in (401, 403):
         raise _key_error(status, body, key_env, key)
     served = _served_models(body) if status == 200 else None
@@ -184,7 +258,7 @@ def check_endpoint(
     else:
         path, request["messages"] = "chat/completions", [{"role": "user", "content": "ping"}]
         request["max_completion_tokens"] = 1
-    status, body = _call(f"{base}/{path}", key, request, timeout_s)
+    status, body = _call(f"{base}/{path}", key, request, timeout_s, ca_bundle)
     if status in (401, 403):
         raise _key_error(status, body, key_env, key)
     if status == 404:
@@ -288,7 +362,7 @@ def check_tokenizers(
 #: Seconds a pass of :func:`check_settings` holds in this process: the CLI checks, then its flow
 #: (it may come from the Prefect UI); each waited out 20 s against a server that never answers.
 PASSED_HOLDS_S, _passed = 60.0, dict[tuple, float]()  # settings -> time.monotonic() of their pass
-_ENDPOINT_FIELDS = ("base_url", "model", "tokenizer")
+_ENDPOINT_FIELDS = ("base_url", "model", "tokenizer", "ca_bundle")
 
 
 def check_settings(
@@ -320,7 +394,9 @@ def check_settings(
     if endpoint is not None and endpoint.tokenizer:
         check_hf_source(endpoint.tokenizer, "tokenizer")
     if endpoint is not None and endpoint.base_url and endpoint.model:
-        check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api)
+        ca_bundle = getattr(endpoint, "ca_bundle", None)
+        ca_bundle = str(ca_bundle) if ca_bundle else None
+        check_endpoint(endpoint.base_url, endpoint.model, key, key_env, timeout_s, api, ca_bundle)
     _passed[settings] = time.monotonic()
 
 

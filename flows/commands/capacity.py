@@ -26,6 +26,7 @@ from flows.commands.common import (
 )
 from flows.commands.options import (
     ApiKeyEnvOption,
+    CaBundleOption,
     EngineOption,
     InputLenOption,
     MaxTokensOption,
@@ -69,6 +70,7 @@ def command(
     engine: EngineOption = None,
     model: Annotated[Optional[str], typer.Option(help="Model name sent (required with --base-url).")] = None,
     api_key_env: ApiKeyEnvOption = None,
+    ca_bundle: CaBundleOption = None,
     tokenizer: TokenizerOption = None,
     api: Annotated[Optional[str], typer.Option(help="chat (default), completions or responses.")] = None,
     num_requests: NumRequestsOption = None,
@@ -108,7 +110,13 @@ def command(
     cfg = apply_overrides(
         cfg,
         "endpoint",
-        {"base_url": base_url, "model": model, "api_key_env": api_key_env, "tokenizer": tokenizer},
+        {
+            "base_url": base_url,
+            "model": model,
+            "api_key_env": api_key_env,
+            "tokenizer": tokenizer,
+            "ca_bundle": ca_bundle,
+        },
     )
     cfg = apply_overrides(cfg, "server", {"engine": engine})
     cfg = apply_overrides(

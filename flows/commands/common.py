@@ -96,6 +96,7 @@ ENDPOINT_FLAGS = {
     "model": "--model",
     "api_key_env": "--api-key-env",
     "tokenizer": "--tokenizer",
+    "ca_bundle": "--ca-bundle",
 }
 
 

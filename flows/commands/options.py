@@ -3,6 +3,7 @@ one declaration each, so a flag means one thing and says so in one set of words.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -12,6 +13,13 @@ EngineOption = Annotated[
 ]
 ApiKeyEnvOption = Annotated[
     Optional[str], typer.Option(help="NAME of the environment variable holding the API key.")
+]
+CaBundleOption = Annotated[
+    Optional[Path],
+    typer.Option(
+        help="PEM file of the CA certificates that sign an https endpoint's certificate (a private "
+        "CA); default: the system store, or SSL_CERT_FILE."
+    ),
 ]
 TokenizerOption = Annotated[
     Optional[str], typer.Option(help="Model spec whose tokenizer counts output tokens without usage.")

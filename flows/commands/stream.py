@@ -33,6 +33,7 @@ from flows.commands.common import (
 from flows.commands.fanout import check_task_runner
 from flows.commands.options import (
     ApiKeyEnvOption,
+    CaBundleOption,
     EngineOption,
     GoodputOption,
     InputLenOption,
@@ -136,6 +137,7 @@ def command(
         Optional[str], typer.Option(help="Model name sent in requests (required with --base-url).")
     ] = None,
     api_key_env: ApiKeyEnvOption = None,
+    ca_bundle: CaBundleOption = None,
     prompt: Annotated[Optional[list[str]], typer.Option(help="A prompt (repeat for several).")] = None,
     prompts: Annotated[
         Optional[Path], typer.Option(help="Prompts file: one per line, .json list, or .jsonl with 'prompt'.")
@@ -235,6 +237,7 @@ def command(
             "base_url": base_url,
             "model": model,
             "api_key_env": api_key_env,
+            "ca_bundle": ca_bundle,
             "request_timeout_s": request_timeout_s,
             "tokenizer": tokenizer,
         },

@@ -31,6 +31,7 @@ from flows.commands.common import (
 )
 from flows.commands.distribution_tables import print_distribution
 from flows.commands.fanout import TaskRunnerOption, check_task_runner, compare_workers, print_comparison
+from flows.commands.options import CaBundleOption
 from flows.commands.tables import console, fmt_value, make_table, print_run_links
 from tasks.config import SweepFlowConfig
 
@@ -66,6 +67,7 @@ def command(
     api_key_env: Annotated[
         Optional[str], typer.Option(help="NAME of the env variable holding the key.")
     ] = None,
+    ca_bundle: CaBundleOption = None,
     no_resume: Annotated[
         bool, typer.Option("--no-resume", help="Run every point, even finished ones.")
     ] = False,
@@ -114,7 +116,11 @@ def command(
     )
     if distribution and cfg.sweep.target != "local":  # the view reads the local model's logits
         fail_input("--distribution needs --target local (an endpoint does not return the logits)")
-    cfg = apply_overrides(cfg, "endpoint", {"base_url": base_url, "model": model, "api_key_env": api_key_env})
+    cfg = apply_overrides(
+        cfg,
+        "endpoint",
+        {"base_url": base_url, "model": model, "api_key_env": api_key_env, "ca_bundle": ca_bundle},
+    )
     cfg = apply_overrides(cfg, "server", {"engine": engine})
     if cfg.sweep.target != "local":
         check_embedded_engine(cfg)

@@ -7,6 +7,7 @@ the field, not a silently ignored setting.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
@@ -157,6 +158,29 @@ class EndpointConfig(_Strict):
         description="Model spec whose tokenizer counts output tokens when the server sends no "
         "usage (default: the embedded server's model, else gguf:default).",
     )
+    ca_bundle: Path | None = Field(
+        None,
+        description="PEM file of the CA certificates that sign an https endpoint's certificate "
+        "(a private CA), trusted instead of the system store by every path to the endpoint. "
+        "The alternative: SSL_CERT_FILE=PATH in the environment (used when this is empty).",
+    )
+
+    @field_validator("ca_bundle")
+    @classmethod
+    def _ca_file(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            value = value.expanduser()
+            if not value.is_file():
+                raise ValueError(f"no file at {value}; give the PEM file of the endpoint's CA certificates")
+            import ssl
+
+            try:  # what every client will do with it: a file OpenSSL cannot read fails here, once
+                ssl.create_default_context(cafile=str(value))
+            except (ssl.SSLError, OSError) as exc:
+                raise ValueError(
+                    f"{value} holds no CA certificate OpenSSL reads (PEM expected): {exc}"
+                ) from None
+        return value
 
     @field_validator("api_key_env")
     @classmethod

@@ -159,10 +159,14 @@ class SSEClient:
     ``base_url`` and ``await close()``. ``request_timeout_s`` bounds connecting and each read
     (the wait for the next bytes), as the openai client's timeout does; there are no retries.
     ``kernel_clock``: its sockets stamp receives in the kernel (:mod:`tasks.stream.rxclock`;
-    Linux only, else the user-space clock).
+    Linux only, else the user-space clock). ``ca_bundle``: a PEM file of the CAs that sign the
+    endpoint's certificate (else the system store or ``SSL_CERT_FILE``); a proxy the
+    environment names is used as :mod:`tasks.stream.proxy` says (:class:`tasks.stream.pool.Pool`).
 
     Raises:
         ValueError: ``base_url`` is not an http(s) URL.
+        tasks.stream.proxy.ProxyError: a proxy variable names a proxy it cannot use.
+        OSError: ``ca_bundle`` cannot be read.
     """
 
     def __init__(
@@ -171,6 +175,7 @@ class SSEClient:
         api_key: str | None,
         request_timeout_s: float,
         kernel_clock: bool = True,
+        ca_bundle: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key or "no-key"
@@ -185,7 +190,7 @@ class SSEClient:
         }
         self.request_timeout_s = request_timeout_s
         self.kernel_clock = kernel_clock and rxclock.SUPPORTED
-        self.pool = Pool(self.base_url, self.kernel_clock)
+        self.pool = Pool(self.base_url, self.kernel_clock, ca_bundle=ca_bundle)
 
     async def close(self) -> None:
         """Close the kept connections."""

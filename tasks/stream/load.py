@@ -29,6 +29,7 @@ from collections.abc import Callable, Sequence
 import httpx2
 import openai
 
+from tasks.stream import proxy as proxies
 from tasks.stream import rxclock
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.errors import SERVER_DIED
@@ -357,6 +358,7 @@ def make_client(
     max_concurrency: int,
     transport: str = "sse",
     arrival_clock: str = "kernel",
+    ca_bundle: str | None = None,
 ) -> SSEClient | openai.AsyncOpenAI:
     """A streaming client with no retries, the given timeout, and room for the concurrency.
 
@@ -367,19 +369,27 @@ def make_client(
     placeholder is sent (servers without auth ignore it). ``arrival_clock``: ``"kernel"``
     (default) stamps arrivals with the kernel's receive times where it can (``sse`` on Linux;
     ``tasks.stream.rxclock``), ``"user"`` with the event loop's reads; the openai transport has
-    only the user clock.
+    only the user clock. ``ca_bundle``: a PEM file of the CAs that sign the endpoint's
+    certificate (else the system store, or ``SSL_CERT_FILE``). Both transports take the proxy
+    :func:`tasks.stream.proxy.proxy_for` names (never for loopback), or none.
 
     Raises:
         ValueError: an unknown transport.
+        tasks.stream.proxy.ProxyError: a proxy variable names a proxy the sse transport cannot use.
+        OSError: ``ca_bundle`` cannot be read.
     """
     if transport == "sse":  # its connections are the level's: the level's gate bounds them
-        return SSEClient(base_url, api_key or "no-key", request_timeout_s, arrival_clock == "kernel")
+        return SSEClient(
+            base_url, api_key or "no-key", request_timeout_s, arrival_clock == "kernel", ca_bundle
+        )
     if transport != "openai":
         raise ValueError(f"transport must be 'sse' or 'openai', got {transport!r}")
     room = max(max_concurrency, 1) + 8
     http_client = openai.DefaultAsyncHttpx2Client(
         timeout=httpx2.Timeout(request_timeout_s),
         limits=httpx2.Limits(max_connections=room, max_keepalive_connections=room),
+        **({"verify": proxies.tls_context(ca_bundle)} if ca_bundle else {}),
+        **proxies.httpx_routing(base_url),
     )
     return openai.AsyncOpenAI(
         base_url=base_url,
@@ -399,4 +409,5 @@ def connect(connection: Connection, max_concurrency: int) -> SSEClient | openai.
         max_concurrency,
         connection.transport,
         connection.arrival_clock,
+        connection.ca_bundle,
     )

@@ -196,14 +196,16 @@ def session_max_tokens(session: Session, turn_index: int, default: int) -> int:
 @dataclass(frozen=True)
 class Connection:
     """Where a level's requests go: the endpoint's base_url, the key itself (never logged), the
-    per-read timeout in seconds, the transport and the arrival clock asked for
-    (``tasks.stream.load.make_client``)."""
+    per-read timeout in seconds, the transport and the arrival clock asked for, the CA bundle
+    trusted for its TLS (a path, None: the system store or ``SSL_CERT_FILE``; on a Dask worker
+    the path is the worker's) (``tasks.stream.load.make_client``)."""
 
     base_url: str
     api_key: str | None = None
     request_timeout_s: float = 120.0
     transport: str = "sse"
     arrival_clock: str = "kernel"
+    ca_bundle: str | None = None
 
     @classmethod
     def of(cls, endpoint: Endpoint, arrival_clock: str = "kernel") -> Connection:
@@ -213,7 +215,11 @@ class Connection:
             EndpointError: the endpoint's api_key_env names an unset variable.
         """
         return cls(
-            endpoint.base_url, endpoint.api_key(), endpoint.request_timeout_s, arrival_clock=arrival_clock
+            endpoint.base_url,
+            endpoint.api_key(),
+            endpoint.request_timeout_s,
+            arrival_clock=arrival_clock,
+            ca_bundle=endpoint.ca_bundle,
         )
 
 

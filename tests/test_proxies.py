@@ -297,26 +297,18 @@ def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
     )
 
 
-def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, plain_instrument, tmp_path):
-    """``infermeter stream`` with every proxy variable at the test proxy and no NO_PROXY: the
-    endpoint's requests (pre-flight, model list, the stream, its scrapes) go through the proxy,
-    the command's own Prefect API calls (127.0.0.1, the session's server) do not."""
+def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, tls_instrument, ca, tmp_path):
+    """``infermeter stream --ca-bundle`` with every proxy variable at the test proxy and no
+    NO_PROXY: the endpoint's connections (the pre-flight's, the stream's from its client
+    process) are CONNECT tunnels through the proxy, TLS trusting the CA given; the command's own
+    Prefect API calls (127.0.0.1, the session's server) do not go through it."""
     env(HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url, ALL_PROXY=proxy.url)
     proxy.reset()
     out = tmp_path / "out.json"
+    level_flags = ["--num-requests", "3", "--warmup", "0", "--max-concurrency", "1"]
     result = subprocess.run(
-        [str(BIN), "stream", "--base-url", _url(plain_instrument), "--model", "ticks:3:5"]
-        + [
-            "--num-requests",
-            "3",
-            "--warmup",
-            "0",
-            "--max-concurrency",
-            "1",
-            "--no-track",
-            "--json",
-            str(out),
-        ],
+        [str(BIN), "stream", "--base-url", _url(tls_instrument), "--model", "ticks:3:5", "--ca-bundle", ca[0]]
+        + [*level_flags, "--no-track", "--json", str(out)],
         capture_output=True,
         text=True,
         timeout=300,
@@ -326,9 +318,9 @@ def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, plain_instr
     level = json.loads(out.read_text())["levels"][0]
     assert [r["output_tokens"] for r in level["requests"]] == [3, 3, 3]
     counts = proxy.counts()
-    assert set(counts["requests"]) == {f"{NAME}:{plain_instrument.port}"}  # nothing else
-    assert counts["requests"][f"{NAME}:{plain_instrument.port}"] >= 4  # the model list + 3 streams
-    assert counts["connects"] == {}
+    assert set(counts["connects"]) == {f"{NAME}:{tls_instrument.port}"}  # nothing else
+    assert counts["connects"][f"{NAME}:{tls_instrument.port}"] >= 4  # the pre-flight's 3, the level's
+    assert counts["requests"] == {}
     # the control: a Prefect API call that does go through the proxy is counted (httpx, as
     # Prefect's client, with the variables and no NO_PROXY naming loopback)
     import httpx2

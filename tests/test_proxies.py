@@ -187,6 +187,8 @@ def test_http_endpoint_is_forwarded(env, proxy, plain_instrument, transport):
     assert [r.output_tokens for r in records] == [3, 3]
     counts = proxy.counts()
     assert counts["requests"] == {f"{NAME}:{plain_instrument.port}": 2} and counts["connects"] == {}
+    if transport == "sse":  # read by the reactor with the kernel's stamps, as a direct connection
+        assert [r.arrival_clock for r in records] == ["kernel", "kernel"]
 
 
 def test_no_proxy_sends_the_named_hosts_direct(env, proxy, plain_instrument):
@@ -243,6 +245,11 @@ def test_a_refused_connect_names_the_proxy_and_its_status(env, proxy, tls_instru
     (record,) = _requests(f"https://denied.test:{tls_instrument.port}/v1", count=1, ca_bundle=ca[0])
     assert record.error_class == "connection"
     assert f"the proxy {proxy.plain_url} (from HTTPS_PROXY) answered 403 Forbidden" in record.error_message
+    nowhere = f"http://127.0.0.1:{gt.free_port()}"
+    env(HTTPS_PROXY=nowhere)
+    (record,) = _requests(_url(tls_instrument), count=1, ca_bundle=ca[0])
+    assert record.error_class == "connection"
+    assert f"the proxy {nowhere} (from HTTPS_PROXY) is not reachable" in record.error_message
 
 
 def test_proxy_credentials_are_sent_and_never_shown(env, tls_instrument, plain_instrument, ca, capfd):

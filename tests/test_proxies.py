@@ -33,7 +33,7 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
 from tasks.preflight import PreflightError, check_endpoint
 from tasks.stream.client import stream_chat
 from tasks.stream.load import make_client
-from tasks.stream.proxy import bypassed, is_loopback, proxy_for
+from tasks.stream.proxy import ProxyError, bypassed, is_loopback, proxy_for
 
 BIN = Path(sys.executable).parent / "infermeter"
 NAME = "endpoint.test"  # resolved by the test proxy only
@@ -151,6 +151,9 @@ def test_the_rule_reads_both_spellings_no_proxy_and_never_proxies_loopback():
     with_auth = proxy_for("https://x.example/v1", {"https_proxy": "http://me:p%40ss@p:3128"})
     assert with_auth.authorization == "Basic bWU6cEBzcw=="  # me:p@ss
     assert "p%40ss" not in f"{with_auth} {with_auth!r}" and "me" not in str(with_auth)
+    with pytest.raises(ProxyError, match=r"^https_proxy=socks5://h:1080: only http:// proxies") as socks:
+        proxy_for("https://x.example/v1", {"https_proxy": "socks5://me:pw@h:1080"})
+    assert "pw" not in str(socks.value)
 
 
 @pytest.mark.parametrize("transport", ["sse", "openai"])

@@ -10,8 +10,8 @@ The rule (:func:`proxy_for`), the one curl and urllib read from the environment:
   ``http_proxy`` for ``http://``, else ``all_proxy`` (curl's fallback); each in both spellings,
   the lower-case one winning and an empty lower-case one unsetting the upper (urllib's
   ``getproxies_environment``). A value without a scheme is an ``http://`` proxy (curl); only
-  ``http://`` proxies are read (:class:`ProxyError` otherwise: ``https://`` and SOCKS proxies
-  are the openai transport's, through httpx);
+  ``http://`` proxies are read (:class:`ProxyError` otherwise, naming the variable; the
+  openai transport, a library API, leaves ``https://`` and SOCKS proxies to httpx);
 - ``no_proxy`` / ``NO_PROXY`` (the lower-case one winning): ``*`` (every host), host names and
   domains (``example.com`` and ``.example.com`` both match the name and every name under it;
   ``*.example.com`` too, as Go's ``httpproxy``), ``host:port`` (that port only: urllib), IP
@@ -178,8 +178,8 @@ def _parse(value: str, variable: str) -> Proxy:
     shown = f"{url.scheme}://{url.netloc.rpartition('@')[2]}"
     if url.scheme != "http":
         raise ProxyError(
-            f"{variable}={shown}: only http:// proxies are supported by the sse transport "
-            "(HTTP CONNECT for https endpoints); use an http:// proxy, or --transport openai"
+            f"{variable}={shown}: only http:// proxies are supported (HTTP CONNECT for https "
+            "endpoints; not TLS to the proxy, nor SOCKS); give the proxy's http:// address"
         )
     try:
         port = url.port or 80

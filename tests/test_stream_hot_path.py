@@ -324,7 +324,7 @@ def test_the_compiled_short_path_hands_on_what_the_framing_does(cut, monkeypatch
 
         response, framer = h1.Response(Sock), SSEFramer(on_event)  # type: ignore[arg-type]
         response._state = h1._SIZE
-        response._sink = lambda *piece: framed.append(compiled) or framer.sink(*piece)
+        response._sink = response._fast = lambda *piece: framed.append(compiled) or framer.sink(*piece)
         response._events = (framer, on_event) if compiled else None
         for k, data in enumerate(reads):
             Sock.read_ns, Sock.rx_ns = 1000 + k, 2000 + k

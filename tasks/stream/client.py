@@ -48,7 +48,7 @@ from typing import Any
 import openai
 
 from tasks.engines.death import server_gone
-from tasks.stream import rxclock
+from tasks.stream import codings, rxclock
 from tasks.stream.errors import (
     BAD_PAYLOAD,
     CONNECTION,
@@ -186,7 +186,7 @@ class SSEClient:
             "Authorization": f"Bearer {self.api_key}",
             "Content-Type": "application/json",
             "Accept": "text/event-stream",
-            "Accept-Encoding": "identity",
+            "Accept-Encoding": codings.ACCEPT_ENCODING,  # a compressed body is decoded (h1)
         }
         self.request_timeout_s = request_timeout_s
         self.kernel_clock = kernel_clock and rxclock.SUPPORTED
@@ -366,6 +366,7 @@ def _build_record(
         record.input_tokens = usage.prompt_tokens
     if state["in_stream"]:
         record.stream_close_ms = (end_ns - send_ns) / _NS_PER_MS
+        record.content_encoding = state["content_encoding"]
     timing = chunk_timing(send_ns, arrivals_ns)  # TPOT once the output count is known
     record.token_offsets_ms, record.itl_ms = list(timing.token_offsets_ms), list(timing.itl_ms)
     record.ttft_ms, record.e2e_ms = timing.ttft_ms, timing.e2e_ms

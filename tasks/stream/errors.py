@@ -22,8 +22,11 @@ import re
 import sys
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
+from urllib.parse import urljoin
 
 import httpx2
+
+from tasks.stream.codings import EncodingError
 
 if TYPE_CHECKING:
     import openai
@@ -34,10 +37,10 @@ RATE_LIMITED = "rate_limited"  #: HTTP 429
 SERVER = "server"  #: HTTP 5xx, or an error object inside the stream
 TIMEOUT = "timeout"  #: no response / no next chunk within the timeout
 STREAM_BROKEN = "stream_broken"  #: connection or chunked body cut after the request was sent
-BAD_PAYLOAD = "bad_payload"  #: a data line that is not valid JSON
+BAD_PAYLOAD = "bad_payload"  #: a data line that is not valid JSON; a body in a coding not decoded
 EMPTY_RESPONSE = "empty_response"  #: HTTP 200 but no token
 CONNECTION = "connection"  #: refused, DNS failure: the request never reached a server
-BAD_REQUEST = "bad_request"  #: any other 4xx (not in DESIGN.md's list)
+BAD_REQUEST = "bad_request"  #: any other 4xx; a 3xx (a redirect, not followed) (not in DESIGN.md's list)
 UNKNOWN = "unknown"  #: an exception not recognised here (not in DESIGN.md's list)
 #: refused or cut because the embedded server this command started had died (tasks.engines.death):
 #: the server's death, not the endpoint's address (not in DESIGN.md's list)
@@ -162,7 +165,31 @@ def _classify_status(
         )
     if code >= 500:
         return SERVER, f"HTTP {code}: server error. Server said: {detail}"
+    if 300 <= code < 400:
+        return BAD_REQUEST, _redirect_message(exc)
     return BAD_REQUEST, f"HTTP {code}: the endpoint refused the request. Server said: {detail}"
+
+
+#: The paths the stream client posts to under ``base_url`` (tasks.stream.client.SSEClient).
+_ENDPOINT_PATHS = ("/chat/completions", "/completions", "/responses")
+
+
+def _redirect_message(exc: openai.APIStatusError) -> str:
+    """A 3xx answer's error: where it points (``Location``, resolved against the request's URL)
+    and the ``base_url`` that would reach it. Not followed: a second request's time would be
+    charged to the first's TTFT, and a 301/302/303 turns a POST into a GET (RFC 9110 §15.4)."""
+    code, url = exc.status_code, _url(exc)
+    said = f"{code} {exc.response.reason_phrase}".strip()
+    location = exc.response.headers.get("location")
+    if not location:
+        return f"HTTP {code}: the endpoint {url} answered {said} with no Location; check base_url"
+    target = urljoin(url, location.strip())
+    base = next((target[: -len(path)] for path in _ENDPOINT_PATHS if target.endswith(path)), None)
+    fix = f"set base_url to {base}" if base else "set base_url to where it points"
+    return (
+        f"HTTP {code}: the endpoint answered {said} to {target}: a benchmark does not follow "
+        f"redirects (the second request's time would be charged to the first); {fix}"
+    )
 
 
 def _classify_transport(exc: BaseException, url: str, in_stream: bool) -> tuple[str, str] | None:
@@ -208,9 +235,11 @@ def classify(
         secrets: values to scrub from the message (the API key).
 
     Mapping: 401/403 -> auth; 404 -> not_found; 429 -> rate_limited; 5xx and an error object in
-    the stream -> server; other 4xx -> bad_request; timeouts -> timeout; refused / DNS ->
-    connection; connection or chunked body cut -> stream_broken; invalid JSON data line ->
-    bad_payload; :class:`StreamError` keeps its own class.
+    the stream -> server; other 4xx, and a 3xx (the message names its ``Location``: a redirect is
+    not followed) -> bad_request; timeouts -> timeout; refused / DNS -> connection; connection
+    or chunked body cut -> stream_broken; invalid JSON data line, and a body in a content coding
+    not decoded (``tasks.stream.codings.EncodingError``) -> bad_payload; :class:`StreamError`
+    keeps its own class.
     """
     error_class, message = _classify(exc, api_key_env=api_key_env, model=model, in_stream=in_stream)
     return error_class, redact(message, secrets)
@@ -225,6 +254,9 @@ def _classify(
 
     if isinstance(exc, StreamError):
         return exc.error_class, exc.message
+    for cause in _causes(exc):  # a body this client could not decode (raised by h1, or under one)
+        if isinstance(cause, EncodingError):
+            return BAD_PAYLOAD, str(cause)
     if isinstance(exc, openai.APIStatusError):
         return _classify_status(exc, api_key_env=api_key_env, model=model)
     if isinstance(exc, openai.APITimeoutError):

@@ -9,11 +9,15 @@ under the transport; for TLS the raw read that carried the record), to the reade
 (:meth:`Response.consume`) in that same callback: the reading coroutine does not wake until the
 body ends (a wake per read, or per drain of what reads buffered, cost more than the parsing).
 Scope (what the endpoints the client measures send): status 200 with a chunked,
-``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; no
-upgrades, no compression (``Accept-Encoding: identity`` is asked), no proxies, no redirects, no
-retries (a retried request would hide an error and stretch its latency). A malformed response
-raises :class:`ProtocolError`; a connection lost before the body's end, ``ConnectionError``; a
-body without bytes for its read bound, ``TimeoutError``. Standard library only.
+``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; a body in
+a content coding (gzip, deflate, br: :mod:`tasks.stream.codings`) decoded read by read, with each
+read's stamps (the fast paths are for bodies as sent); an answer that ended (``[DONE]``) ends the
+request even where the body is never terminated (:meth:`Response.answered`); proxies are the
+pool's (:mod:`tasks.stream.proxy`); no upgrades, no redirects (a 3xx is the caller's error), no
+retries (a retried request would hide an error and stretch its latency). A malformed response raises :class:`ProtocolError`; a body in a
+coding it does not read or that does not decode, ``codings.EncodingError``; a connection lost
+before the body's end, ``ConnectionError``; a body without bytes for its read bound,
+``TimeoutError``. Standard library (and ``brotli``) only.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.stream import rxclock
+from tasks.stream import codings, rxclock
 from tasks.stream.reactor import _rx  # the compiled read, or None (tasks/stream/_rx.c)
 
 __all__ = ["ProtocolError", "Response", "Sink"]
@@ -35,6 +39,11 @@ Sink = Callable[[bytes, int, "int | None"], None]
 _perf_ns = time.perf_counter_ns
 
 MAX_HEAD_BYTES = 64 * 1024  # the longest head (status line and header fields) taken
+#: How long an answer that ended waits for its body's end (:meth:`Response.answered`): the
+#: terminating chunk comes just after ``[DONE]``, often in a read of its own (uvicorn writes it
+#: apart); closing without it loses the connection (openai-python #3440), waiting unbounded
+#: hangs on a server that keeps the body open (that issue's PR #3520 review: a bounded drain).
+END_GRACE_S = 0.05
 _IDLE, _HEAD, _SIZE, _DATA, _CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(8)  # framing states
 
 
@@ -49,14 +58,15 @@ class _Refused(Exception):
 class Response(asyncio.Protocol):
     """One connection and the response being read on it (one at a time: HTTP/1.1 without
     pipelining). Made by :class:`Pool`; after :meth:`Pool.post` its ``status``, ``reason`` and
-    ``headers`` (names lower-cased) are the response's head, ``sent_ns`` the ``perf_counter_ns``
-    the request's last byte was handed to the kernel (0 unknown); :meth:`consume` reads the
-    body."""
+    ``headers`` (names lower-cased) are the response's head, ``content_encoding`` its body's
+    codings (``"gzip"``; None: as sent), ``sent_ns`` the ``perf_counter_ns`` the request's last
+    byte was handed to the kernel (0 unknown); :meth:`consume` reads the body."""
 
     def __init__(self, sock: rxclock.StampedSocket | None) -> None:
         self._sock = sock
         self.transport: asyncio.Transport | None = None
         self.status, self.reason, self.headers = 0, "", {}
+        self.content_encoding, self._decoder = None, None  # the body's codings, their decoder
         self.sent_ns = 0
         self.reusable = False  # the body ended as framed and the server keeps the connection
         self._state = _IDLE
@@ -64,6 +74,8 @@ class Response(asyncio.Protocol):
         self._left = 0
         self._head: asyncio.Future[None] | None = None
         self._sink: Sink | None = None
+        self._fast: Sink | None = None  # the sink, where the fast paths may run (a body as sent)
+        self._grace: asyncio.TimerHandle | None = None  # the body's end awaited after the answer's
         self._events: tuple[Any, Callable[[bytes, int, int | None], None]] | None = None  # consume's
         self._early: list[tuple[bytes, int, int | None]] = []  # body pieces before a sink came
         self._read_ns, self._rx_ns = 0, None  # the stamps of the read being framed
@@ -82,7 +94,7 @@ class Response(asyncio.Protocol):
         else:
             read_ns, rx_ns = sock.read_ns, sock.rx_ns
         self._read_ns, self._rx_ns = read_ns, rx_ns
-        sink = self._sink
+        sink = self._fast
         if self._state == _SIZE and sink is not None and not self._rest:
             # A streaming server's usual read: whole chunks (size line, data, CRLF), most often
             # one, handed on in one loop without the general framing's states and calls (README
@@ -125,7 +137,7 @@ class Response(asyncio.Protocol):
             data, self._rest = self._rest + data, b""
         try:
             self._parse(data)
-        except ProtocolError as exc:
+        except (ProtocolError, codings.EncodingError) as exc:
             self._fail(exc)
         except _Refused as refused:
             self._fail(refused.args[0])
@@ -225,6 +237,8 @@ class Response(asyncio.Protocol):
             name, value = name.strip().lower(), value.strip()
             headers[name] = f"{headers[name]}, {value}" if name in headers else value
         self.status, self.reason, self.headers = status, parts[2] if len(parts) > 2 else "", headers
+        coding = headers.get("content-encoding", "")  # an error's body in a coding not read: as sent
+        self.content_encoding, self._decoder = codings.decoder_for(coding, unread_raises=status == 200)
         keep = "close" not in headers.get("connection", "").lower() and parts[0] != "HTTP/1.0"
         if "chunked" in headers.get("transfer-encoding", "").lower():
             self._state, self.reusable = _SIZE, keep
@@ -242,6 +256,13 @@ class Response(asyncio.Protocol):
         if not piece:
             return
         self._total += len(piece)
+        if self._decoder is not None:  # the decoded bytes go on with the stamps of this read
+            piece = self._decoder.decompress(piece)
+        self._hand(piece)
+
+    def _hand(self, piece: bytes) -> None:
+        if not piece:
+            return
         sink = self._sink
         if sink is None:
             self._early.append((piece, self._read_ns, self._rx_ns))
@@ -252,6 +273,15 @@ class Response(asyncio.Protocol):
             raise _Refused(exc) from None
 
     def _end(self) -> None:
+        decoder, self._decoder = self._decoder, None
+        if decoder is not None:  # what the decoder held to the body's end
+            try:
+                self._hand(decoder.flush())
+            except (codings.EncodingError, _Refused) as exc:
+                self._fail(exc.args[0] if isinstance(exc, _Refused) else exc)
+                return
+        if self._grace is not None:
+            self._grace.cancel()
         self._state, self._ended = _IDLE, True
         self._wake()
 
@@ -276,6 +306,7 @@ class Response(asyncio.Protocol):
         self._head = asyncio.get_running_loop().create_future()
         self.status, self.headers, self.reusable, self._state = 0, {}, False, _HEAD
         self._sink, self._early, self._total, self._ended, self._error = None, [], 0, False, None
+        self.content_encoding = self._decoder = self._grace = None
         assert self.transport is not None
         self.transport.write(request)
         return self._head
@@ -292,10 +323,12 @@ class Response(asyncio.Protocol):
         (``tasks.stream.sse.SSEFramer``), ``(the framer, its on_event)``: while the framer holds
         nothing (``idle``), the whole chunks of a read that are each one one-line ``data:`` event
         go straight to ``on_event`` (``tasks/stream/_rx.c``'s ``sse_chunks``, where it was built),
-        as the framer would hand them on. Raises the response's failure: ``ConnectionError``,
-        :class:`ProtocolError`, ``TimeoutError`` for a body without new bytes for ``timeout_s``
-        (1 to 1.5 ``timeout_s`` after its last byte: one look per half bound, no timer per
-        read), or whatever ``sink`` raised (the connection is then closed)."""
+        as the framer would hand them on (a body in a coding: decoded first, the short paths not
+        taken). Returns early after :meth:`answered`. Raises the response's failure:
+        ``ConnectionError``, :class:`ProtocolError`, ``codings.EncodingError``, ``TimeoutError``
+        for a body without new bytes for ``timeout_s`` (1 to 1.5 ``timeout_s`` after its last
+        byte: one look per half bound, no timer per read), or whatever ``sink`` raised (the
+        connection is then closed)."""
         early, self._early = self._early, []
         try:
             for piece, read_ns, rx_ns in early:
@@ -304,16 +337,34 @@ class Response(asyncio.Protocol):
             self._fail(exc)
         if not self._ended and self._error is None:
             self._sink = sink
-            self._events = events if _rx is not None else None
+            identity = self._decoder is None  # a body in a coding: every byte through _body
+            self._fast = sink if identity else None
+            self._events = events if _rx is not None and identity else None
             self._waiter = asyncio.get_running_loop().create_future()
             watch = _Stall(self, timeout_s)
             try:
                 await self._waiter
             finally:
                 watch.cancel()
-                self._sink = self._events = None
+                self._sink = self._fast = self._events = None
         if self._error is not None:
             raise self._error
+
+    def answered(self) -> None:
+        """Called by the sink's reader when its answer ended (``[DONE]``; the Responses API's
+        ``response.completed`` / ``response.incomplete``): a body not ended :data:`END_GRACE_S`
+        later is not awaited (a server or proxy keeping it open): :meth:`consume` returns, the
+        request complete in the time of its answer, and the connection is not reused."""
+        asyncio.get_running_loop().call_soon(self._await_end, self._head)  # after this read's rest
+
+    def _await_end(self, head: asyncio.Future[None] | None) -> None:  # head: of the answer's response
+        if head is self._head and self._grace is None and self._state != _IDLE and self._error is None:
+            self._grace = asyncio.get_running_loop().call_later(END_GRACE_S, self._unterminated, head)
+
+    def _unterminated(self, head: asyncio.Future[None] | None) -> None:
+        if head is self._head and self._state != _IDLE and self._error is None:
+            self.reusable, self._state = False, _IDLE  # bytes after it are not read (_parse)
+            self._wake()
 
     async def read_all(self, timeout_s: float) -> bytes:
         """The whole body (an error response's), bounded as :meth:`consume` is."""

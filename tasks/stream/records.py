@@ -88,6 +88,9 @@ class RequestRecord:
         connect_ms: send to the new connection being open (TCP, and TLS when https); None when a
             pooled connection was reused or the transport does not say.
         request_sent_ms: send to the request's last byte handed to the kernel; None unknown.
+        content_encoding: the codings the body came in (``gzip``, ``deflate``, ``br``; decoded,
+            ``tasks.stream.codings``), None as sent: a compressing proxy that buffers its output
+            (gzip without a flush per event) makes the arrival times its own, not the server's.
         send_lateness_ms: the request's bytes handed to the kernel (``send_ns`` +
             ``request_sent_ms``; the send call where that is unknown) minus the arrival the
             schedule drew for it (a finite request rate or a trace's recorded time; the wait for
@@ -132,6 +135,7 @@ class RequestRecord:
     coalesced_events: int = 0
     connect_ms: float | None = None
     request_sent_ms: float | None = None
+    content_encoding: str | None = None
     send_lateness_ms: float | None = None
     prefix_group: int | None = None
     session_id: str | None = None
@@ -195,6 +199,7 @@ class RequestRecord:
             "coalesced_events": self.coalesced_events,
             "connect_ms": self.connect_ms,
             "request_sent_ms": self.request_sent_ms,
+            "content_encoding": self.content_encoding,
             "send_lateness_ms": self.send_lateness_ms,
             "prefix_group": self.prefix_group,
             "session_id": self.session_id,
@@ -329,6 +334,7 @@ _REQUEST_SCHEMA: dict[str, pl.DataType] = {
     "coalesced_events": pl.Int64(),
     "connect_ms": pl.Float64(),
     "request_sent_ms": pl.Float64(),
+    "content_encoding": pl.String(),
     "send_lateness_ms": pl.Float64(),
     "prefix_group": pl.Int64(),
     "session_id": pl.String(),

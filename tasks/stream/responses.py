@@ -21,6 +21,9 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   from ``response.incomplete_details.reason`` (``max_output_tokens`` -> ``length``).
 - ``response.failed`` or an ``error`` event: a server error (``StreamError``, class
   ``server``), as an error object inside a chat stream.
+- The request ends at ``response.completed`` / ``response.incomplete`` (or the error of
+  ``response.failed``), even where the body is never terminated after it
+  (:meth:`tasks.stream.h1.Response.answered`).
 - A body that ends before ``response.completed`` or ``response.incomplete`` was cut, whatever
   it carried: ``stream_broken``, never a success (the class the chat transport gives a stream
   that ends without ``finish_reason``, usage or ``[DONE]``; vLLM PR #54628's review found a
@@ -199,6 +202,7 @@ async def receive_responses(
                 arrived(state, read_ns, rx_ns, text)
         elif kind == _COMPLETED or kind == _INCOMPLETE:
             _finish(kind, event, state)
+            state["answered"]()  # the request ends here, whatever the body does after (h1)
         elif kind == _FAILED or kind == "error":
             raise _failure(kind, event)
         elif kind is None:

@@ -61,7 +61,9 @@ def new_state() -> dict[str, Any]:
     server's ``timings`` object, e.g. ``cache_n`` prompt tokens taken from its cache, as sent on
     its final chunk, ``choices: []`` since llama.cpp #16048, or on the chunk with the
     ``finish_reason`` before; None: none sent). The final chunk's extras are read only on a
-    chunk without choices or with a ``finish_reason``: never on every chunk.
+    chunk without choices or with a ``finish_reason``: never on every chunk. ``content_encoding``:
+    the body's codings (``"gzip"``; None: as sent; :mod:`tasks.stream.codings`); ``answered``: what
+    a reader calls at its answer's end (``[DONE]``): :meth:`tasks.stream.h1.Response.answered`.
     """
     return {
         "arrivals_ns": [],
@@ -77,6 +79,8 @@ def new_state() -> dict[str, Any]:
         "done": False,
         "tool_calls": {},
         "timings": None,
+        "content_encoding": None,
+        "answered": lambda: None,  # until read_sse has a response (never, on the openai transport)
     }
 
 
@@ -153,9 +157,8 @@ def _status_error(url: str, status: int, headers: Any, raw: bytes) -> openai.API
     except ValueError:
         parsed = raw.decode("utf-8", "replace")
     data = parsed.get("error", parsed) if isinstance(parsed, dict) else parsed
-    response = httpx2.Response(
-        status, headers=dict(headers), content=raw, request=httpx2.Request("POST", url)
-    )
+    headers = {k: v for k, v in headers.items() if k != "content-encoding"}  # raw: decoded by h1
+    response = httpx2.Response(status, headers=headers, content=raw, request=httpx2.Request("POST", url))
     return openai.APIStatusError(f"Error code: {status}", response=response, body=data)
 
 
@@ -270,6 +273,7 @@ async def read_sse(
         if response.status != 200:
             raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
         state["in_stream"] = True
+        state["content_encoding"], state["answered"] = response.content_encoding, response.answered
         await response.consume(framer.sink, timeout_s, (framer, on_event))
     except (h1.ProtocolError, OSError) as exc:
         request = httpx2.Request("POST", url)
@@ -295,6 +299,7 @@ def chat_events(state: dict[str, Any]) -> Callable[[bytes, int, int | None], Non
     def on_event(payload: bytes, read_ns: int, rx_ns: int | None) -> None:
         if payload == b"[DONE]":
             state["done"] = True
+            state["answered"]()  # the request ends here, whatever the body does after (h1)
             return
         try:
             chunk = _decode_chunk(payload)

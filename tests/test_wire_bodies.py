@@ -1,0 +1,211 @@
+"""The bodies a stream's endpoint sends through what stands in front of it (issue 50, items 2-4):
+compressed (a compressing proxy or router), never terminated after ``[DONE]`` (a server or proxy
+keeping the body open: openai-python #3440's class), a redirect. Against the raw server of
+tests/wire_server.py (a thread of this module's, its own event loop, 127.0.0.1, a free port): exact
+bytes on a known schedule, every text chunk stamped just before its bytes go to the socket.
+
+Before: a body sent with ``Content-Encoding: gzip`` was recorded ``empty_response ... 0 chunks``
+(the request said ``Accept-Encoding: identity`` and the bytes went to the SSE parser as sent); a
+body left open after ``[DONE]`` was a ``timeout`` after ``request_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import zlib
+
+import pytest
+
+from tasks.stream import codings, h1
+from tasks.stream.client import SSEClient, stream_chat
+from tasks.stream.records import RequestRecord
+
+try:
+    from tests.wire_server import GAP_MS, TTFT_MS, WORDS, WireServer, chat_events, compressor
+except ImportError:  # tests/ is not a package: pytest put its folder on sys.path
+    from wire_server import GAP_MS, TTFT_MS, WORDS, WireServer, chat_events, compressor
+
+#: How far an arrival may be from its chunk's write stamp (loopback: tens of us; 2 shared cores:
+#: a few ms). A decoded chunk given the time of a later read (the body's end, a decoder's buffer)
+#: would be >= GAP_MS off.
+TOL_MS = 10.0
+
+
+@pytest.fixture(scope="module")
+def server():
+    wire = WireServer()
+    yield wire
+    wire.stop()
+
+
+def _requests(
+    server: WireServer, *models: str, api: str = "chat", timeout_s: float = 10.0
+) -> list[RequestRecord]:
+    """One request per model, in turn, on one client (its connections kept between them)."""
+
+    async def main() -> list[RequestRecord]:
+        client = SSEClient(server.base_url, None, timeout_s)
+        try:
+            records = []
+            for model in models:
+                prompt = f"{model}-{len(server.requests)}"
+                records.append(
+                    await stream_chat(
+                        client,
+                        model=model,
+                        prompt=prompt,
+                        max_tokens=8,
+                        count_tokens=None,
+                        request_id=prompt,
+                        api=api,
+                    )
+                )
+            return records
+        finally:
+            await client.close()
+
+    return asyncio.run(main())
+
+
+def _stamp_errors_ms(server: WireServer, r: RequestRecord) -> list[float]:
+    """Each text chunk's recorded arrival minus its write stamp (ms)."""
+    sent_ns = server.stamps[r.request_id]
+    assert len(r.token_offsets_ms) == len(sent_ns) == WORDS, (r.token_offsets_ms, sent_ns)
+    return [offset - (t - r.send_ns) / 1e6 for offset, t in zip(r.token_offsets_ms, sent_ns)]
+
+
+@pytest.mark.parametrize("coding", ["gzip", "deflate", "deflate_raw", "br"])
+def test_a_compressed_body_is_decoded_each_chunk_at_its_own_arrival(server, coding) -> None:
+    (r,) = _requests(server, coding)
+    assert r.succeeded, r.error_message
+    assert r.output_text == "".join(f" w{i}" for i in range(WORDS))
+    assert (r.output_tokens, r.output_tokens_source) == (WORDS, "usage")
+    assert r.content_encoding == ("deflate" if coding == "deflate_raw" else coding)
+    assert r.to_json()["content_encoding"] == r.content_encoding
+    # the request said what it reads
+    assert server.requests[-1]["headers"]["accept-encoding"] == codings.ACCEPT_ENCODING == "gzip, deflate, br"
+    # each decoded chunk has the time of the read that carried its compressed bytes: its write
+    errors_ms = _stamp_errors_ms(server, r)
+    assert all(-0.01 <= e < TOL_MS for e in errors_ms), errors_ms
+    # so TTFT and ITL are the schedule's (the server's own lateness aside: its stamps)
+    sent_ms = [(t - r.send_ns) / 1e6 for t in server.stamps[r.request_id]]
+    assert r.ttft_ms == pytest.approx(sent_ms[0], abs=TOL_MS) and r.ttft_ms >= TTFT_MS
+    gaps_ms = [b - a for a, b in zip(sent_ms, sent_ms[1:])]
+    assert all(abs(got - want) < TOL_MS for got, want in zip(r.itl_ms, gaps_ms)), (r.itl_ms, gaps_ms)
+    print(
+        f"{coding}: arrival - write stamp max {max(errors_ms):.3f} ms; TTFT {r.ttft_ms:.2f} ms "
+        f"(schedule {TTFT_MS}); ITL {min(r.itl_ms):.2f}-{max(r.itl_ms):.2f} ms (schedule {GAP_MS}); "
+        f"clock {r.arrival_clock}"
+    )
+
+
+def test_a_body_in_a_coding_not_read_is_an_error_naming_it_never_0_chunks(server) -> None:
+    (r,) = _requests(server, "zstd")
+    assert r.error_class == "bad_payload", (r.error_class, r.error_message)
+    assert "Content-Encoding 'zstd'" in r.error_message and "does not decode" in r.error_message
+    assert "0 chunks" not in r.error_message
+
+
+def test_an_error_response_compressed_is_read_for_its_message(server) -> None:
+    (r,) = _requests(server, "gzip_503")
+    assert r.error_class == "server" and "the pool is overloaded" in r.error_message, r.error_message
+
+
+def test_codings_decode_a_body_split_at_every_byte() -> None:
+    text = b"".join(chat_events())
+    for coding, name in (("gzip", "gzip"), ("deflate", "deflate"), ("deflate_raw", "deflate"), ("br", "br")):
+        compress, finish = compressor(coding)
+        wire = compress(text) + finish()
+        got, decoder = codings.decoder_for(name.upper())
+        assert got == name
+        out = b"".join(decoder.decompress(wire[i : i + 1]) for i in range(len(wire))) + decoder.flush()
+        assert out == text, coding
+    # two codings in the order applied: gzip, then br
+    compress, finish = compressor("br")
+    wire = compress(zlib.compress(text, wbits=31)) + finish()
+    got, decoder = codings.decoder_for("gzip, br")
+    assert got == "gzip, br" and decoder.decompress(wire) + decoder.flush() == text
+    assert codings.decoder_for("identity") == (None, None) and codings.decoder_for("") == (None, None)
+    # bytes that are not of the coding named
+    _, decoder = codings.decoder_for("gzip")
+    with pytest.raises(codings.EncodingError, match="Content-Encoding 'gzip' does not decode"):
+        decoder.decompress(b"data: not gzip\n\n")
+    # a coding not read: named, at the body's first bytes or at its end (an empty body)
+    _, decoder = codings.decoder_for("compress")
+    for call in (lambda: decoder.decompress(b"x"), decoder.flush):
+        with pytest.raises(codings.EncodingError, match="Content-Encoding 'compress'"):
+            call()
+    assert codings.decoder_for("zstd", unread_raises=False) == ("zstd", None)
+
+
+def test_an_answer_left_open_after_done_ends_at_done_and_its_connection_is_not_reused(server) -> None:
+    """A request timeout of 10 s: before, the record was a timeout 10-15 s later."""
+    start = time.perf_counter()
+    r, after = _requests(server, "open", "plain")
+    took_s = time.perf_counter() - start
+    assert r.succeeded, r.error_message
+    assert len(r.token_offsets_ms) == WORDS and r.output_tokens == WORDS
+    errors_ms = _stamp_errors_ms(server, r)
+    assert all(-0.01 <= e < TOL_MS for e in errors_ms), errors_ms
+    # complete at [DONE] (written with the last text chunk), plus the grace for the body's end
+    grace_ms = h1.END_GRACE_S * 1e3
+    assert grace_ms <= r.stream_close_ms - r.e2e_ms < grace_ms + 100, (r.e2e_ms, r.stream_close_ms)
+    assert took_s < 1.0, took_s  # both requests
+    # the next request: a new connection; the open one closed by the client
+    first, second = server.requests[-2:]
+    assert second["connection"] != first["connection"] and after.connect_ms is not None
+    assert after.succeeded, after.error_message
+    closed_after_ms = (server.closed_ns[first["connection"]] - r.send_ns) / 1e6
+    assert closed_after_ms < r.stream_close_ms + 100, (closed_after_ms, r.stream_close_ms)
+    print(
+        f"open after [DONE]: e2e {r.e2e_ms:.1f} ms, stream_close {r.stream_close_ms:.1f} ms, "
+        f"two requests in {took_s * 1e3:.0f} ms (request_timeout_s 10)"
+    )
+
+
+def test_a_terminating_chunk_in_its_own_read_just_after_done_keeps_the_connection(server) -> None:
+    r, after = _requests(server, "soon", "plain")
+    assert r.succeeded and after.succeeded, (r.error_message, after.error_message)
+    first, second = server.requests[-2:]
+    assert second["connection"] == first["connection"] and after.connect_ms is None
+    assert r.stream_close_ms - r.e2e_ms < h1.END_GRACE_S * 1e3, (r.e2e_ms, r.stream_close_ms)
+
+
+def test_an_answer_read_with_its_head_leaves_the_next_request_on_its_connection_alone(server) -> None:
+    """The answer's end seen before the reader waited (it came with the head): the next request
+    on the connection (200 ms long, four times the grace) is not ended by the first's grace."""
+    r, after = _requests(server, "whole", "plain")
+    assert r.succeeded and after.succeeded, (r.error_message, after.error_message)
+    assert len(after.token_offsets_ms) == WORDS and after.e2e_ms >= TTFT_MS + (WORDS - 1) * GAP_MS
+    first, second = server.requests[-2:]
+    assert second["connection"] == first["connection"]
+
+
+def test_a_terminating_chunk_300_ms_late_breaks_nothing(server) -> None:
+    r, after = _requests(server, "late", "late")
+    for record in (r, after):
+        assert record.succeeded, record.error_message
+        errors_ms = _stamp_errors_ms(server, record)
+        assert all(-0.01 <= e < TOL_MS for e in errors_ms), errors_ms
+        assert record.stream_close_ms - record.e2e_ms < 300, (record.e2e_ms, record.stream_close_ms)
+    first, second = server.requests[-2:]
+    assert second["connection"] != first["connection"]
+
+
+def test_a_responses_answer_left_open_after_response_completed_ends_there(server) -> None:
+    start = time.perf_counter()
+    (r,) = _requests(server, "open", api="responses")
+    assert r.succeeded, r.error_message
+    assert time.perf_counter() - start < 1.0
+    assert r.output_tokens == WORDS and len(r.token_offsets_ms) == WORDS
+    assert server.requests[-1]["path"] == "/v1/responses"
+
+
+def test_a_redirect_is_an_error_naming_where_it_points(server) -> None:
+    (r,) = _requests(server, "redirect")
+    assert r.error_class == "bad_request", (r.error_class, r.error_message)
+    where = f"http://127.0.0.1:{server.port}/moved"
+    assert f"307 Temporary Redirect to {where}/v1/chat/completions" in r.error_message, r.error_message
+    assert f"set base_url to {where}/v1" in r.error_message
+    assert not any(request["path"].startswith("/moved") for request in server.requests)  # not followed

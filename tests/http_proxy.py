@@ -278,11 +278,23 @@ class Proxy:
 
 @contextlib.contextmanager
 def serve(
-    auth: str | None = None, names: dict[str, str] | None = None, deny: tuple[str, ...] = (), nice: int = 0
+    auth: str | None = None,
+    names: dict[str, str] | None = None,
+    deny: tuple[str, ...] = (),
+    nice: int = 0,
+    realtime: bool = False,
 ) -> Iterator[Proxy]:
     """Start the proxy in a child process on a free port; stop it on exit (options: module
     docstring). ``nice``: added to its scheduling niceness (negative: ahead of the other
-    processes on a shared machine, as a proxy on its own host; needs the privilege)."""
+    processes on a shared machine); ``realtime``: ``SCHED_FIFO`` (it runs as soon as a read
+    wakes it, as a proxy on a host of its own would). Both need the privilege."""
+
+    def schedule() -> None:
+        if nice:
+            os.nice(nice)
+        if realtime:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(10))
+
     command = [sys.executable, os.path.abspath(__file__), "--port", "0"]
     if auth:
         command += ["--auth", auth]
@@ -295,7 +307,7 @@ def serve(
         stdout=subprocess.PIPE,
         text=True,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        preexec_fn=(lambda: os.nice(nice)) if nice else None,  # noqa: PLW1509 - no threads started here
+        preexec_fn=schedule if nice or realtime else None,  # noqa: PLW1509 - no threads started here
     )
     try:
         line = process.stdout.readline() if process.stdout else ""

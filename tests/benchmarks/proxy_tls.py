@@ -21,10 +21,11 @@ proxy's relay is in it) and the lost requests; then each path over all rounds, a
 minus direct's. Target (issue 50): within 1 ms of direct at 16 streams (ITL p99 error).
 
     .venv/bin/python tests/benchmarks/proxy_tls.py [--streams 16] [--chunks 60] [--gap-ms 10] [--rounds 3]
-        [--proxy-nice -10]
+        [--proxy-nice -10] [--proxy-realtime]
 
 On a shared machine the proxy's relay waits for a CPU like any process (its relay delay is
-printed): ``--proxy-nice -10`` puts it ahead, as a proxy on a host of its own would be.
+printed): ``--proxy-nice -10`` puts it ahead of the others, ``--proxy-realtime`` runs it as
+soon as a read wakes it (``SCHED_FIFO``), as a proxy on a host of its own would be.
 
 Not collected by pytest (no test_ prefix); prints, never asserts.
 """
@@ -172,6 +173,7 @@ def main() -> None:
     parser.add_argument(
         "--proxy-nice", type=int, default=0, help="the proxy's niceness (negative: ahead of the rest; root)"
     )
+    parser.add_argument("--proxy-realtime", action="store_true", help="the proxy under SCHED_FIFO (root)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         authority = trustme.CA()
@@ -183,7 +185,9 @@ def main() -> None:
         with (
             gt.serve() as plain,
             gt.serve(tls=(str(pem), str(pem))) as tls,
-            http_proxy.serve(names={NAME: "127.0.0.1"}, nice=args.proxy_nice) as proxy,
+            http_proxy.serve(
+                names={NAME: "127.0.0.1"}, nice=args.proxy_nice, realtime=args.proxy_realtime
+            ) as proxy,
         ):
             paths = {
                 "direct": (plain, f"http://127.0.0.1:{plain.port}/v1", None, None),
@@ -207,7 +211,7 @@ def main() -> None:
                         seen.append(f"{path}: {proxy.counts()['connects'] or proxy.counts()['requests']}")
     print(
         f"{args.streams} streams x {args.chunks} chunks {args.gap_ms:g} ms apart, kernel clock; "
-        f"the proxy's niceness change: {args.proxy_nice}"
+        f"the proxy's niceness change: {args.proxy_nice}, SCHED_FIFO: {args.proxy_realtime}"
     )
     print("the proxy saw, per proxied level (CONNECTs or forwarded requests per target):", "; ".join(seen))
     print()

@@ -56,10 +56,11 @@ _STAMP = struct.Struct("<q")
 
 class LagFigures(dict):
     """The probe's figures (:meth:`LoopLagProbe.metrics`: a plain dict to JSON and pickle
-    readers) and, as the attribute ``timeline``, its samples: ``(written_ns, read_ns)``, two
+    readers), with ``event_loops``: how many event loops ran the requests they cover (1 for one
+    probe's), and, as the attribute ``timeline``, its samples: ``(written_ns, read_ns)``, two
     lists of ``time.perf_counter_ns`` in write order (None when the figures were not one
     probe's). An attribute, not an item, so that the samples (thousands a minute) never travel
-    with the figures: a client process or Dask worker ships its count of doubtful gaps instead
+    with the figures: a client process ships its count of doubtful gaps instead
     (``coalesced_late_gaps``, :func:`tasks.stream.multiproc.merge_lags`)."""
 
     timeline: tuple[list[int], list[int]] | None = None
@@ -183,6 +184,7 @@ class LoopLagProbe:
             client_loop_lag_ms_max=data[-1] if data else None,
             client_loop_lag_samples=len(data),
             client_bound=None if p99 is None else int(p99 > tolerance_ms),
+            event_loops=1,
         )
         figures.timeline = (list(self.stamps_ns), list(self.reads_ns))
         return figures

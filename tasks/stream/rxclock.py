@@ -184,7 +184,7 @@ def coalesced_events(rx_ns: list[int], kernel_ns: list[int], user_ns: list[int])
 
 #: Evidence entries one doubtful read may walk back over before it settles for what it found
 #: (a smaller lower bound: a larger, so more cautious, doubt).
-_EVIDENCE_WALK = 4096
+_EVIDENCE_WALK = 1024
 
 
 def _reads(record: Any) -> list[tuple[int, int, int]]:

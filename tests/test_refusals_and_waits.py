@@ -29,6 +29,7 @@ from tasks.stream.client import stream_chat
 from tasks.stream.levels import run_levels
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord, requests_frame
+from tasks.stream.responses import warm_openai_events
 from tasks.stream.settings import Connection, LevelSettings, level_settings
 from tasks.stream.timeline import level_timeline
 
@@ -83,8 +84,11 @@ def test_an_answer_with_content_is_not_a_refusal(instrument) -> None:
 
 
 def test_a_slow_524_records_the_wait_on_both_transports_and_apis(instrument) -> None:
-    """All four at once (one 1.5 s wait for the test): the chat and Responses APIs over the own
-    client and the openai client, each on a new connection."""
+    """The chat and Responses APIs over the own client and the openai client, each on a new
+    connection: a transport's two at once (two 1.5 s waits for the test). Not all four at once,
+    and the openai client's Responses event models built first: that one-time set-up (~1 s under
+    load) blocks the shared loop before the other requests' bytes are even written, and is added
+    to their waits (2.4-3.3 s seen)."""
 
     async def one(transport: str, api: str) -> RequestRecord:
         client = make_client(instrument.base_url, "sk-x", 10.0, 1, transport)
@@ -102,14 +106,21 @@ def test_a_slow_524_records_the_wait_on_both_transports_and_apis(instrument) -> 
             await client.close()
 
     async def main() -> list[RequestRecord]:
-        return await asyncio.gather(*(one(t, a) for t in ("sse", "openai") for a in ("chat", "responses")))
+        warm_openai_events()  # built here, not inside one request while the other waits
+        records: list[RequestRecord] = []
+        for transport in ("sse", "openai"):
+            records += await asyncio.gather(*(one(transport, api) for api in ("chat", "responses")))
+        return records
 
     records = asyncio.run(main())
     for r in records:
         assert r.error_class == "server" and "524" in r.error_message, (r.request_id, r.error_message)
         assert r.ttft_ms is None and r.e2e_ms is None and not r.succeeded
         # the user waited 1.5 s for this failure: the record says so (before: no time at all)
-        assert gt.SLOW_ERROR_MS <= r.error_after_ms <= gt.SLOW_ERROR_MS + WAIT_TOL_MS, r.request_id
+        # the openai client's first request on a new client also builds its httpx pool and
+        # request (120 ms seen under load), inside the wait the user sees
+        tolerance_ms = WAIT_TOL_MS if r.request_id.startswith("sse") else 6 * WAIT_TOL_MS
+        assert gt.SLOW_ERROR_MS <= r.error_after_ms <= gt.SLOW_ERROR_MS + tolerance_ms, r.request_id
         assert r.to_json()["error_after_ms"] == r.error_after_ms
         if r.request_id.startswith("sse"):  # the own client knows when it connected and sent
             assert 0 < r.connect_ms <= r.request_sent_ms < WAIT_TOL_MS, (r.connect_ms, r.request_sent_ms)

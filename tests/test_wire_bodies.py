@@ -19,6 +19,7 @@ import pytest
 
 from tasks.stream import codings, h1
 from tasks.stream.client import SSEClient, stream_chat
+from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord
 
 try:
@@ -40,12 +41,16 @@ def server():
 
 
 def _requests(
-    server: WireServer, *models: str, api: str = "chat", timeout_s: float = 10.0
+    server: WireServer, *models: str, api: str = "chat", timeout_s: float = 10.0, transport: str = "sse"
 ) -> list[RequestRecord]:
     """One request per model, in turn, on one client (its connections kept between them)."""
 
     async def main() -> list[RequestRecord]:
-        client = SSEClient(server.base_url, None, timeout_s)
+        client = (
+            SSEClient(server.base_url, None, timeout_s)
+            if transport == "sse"
+            else make_client(server.base_url, None, timeout_s, 1, transport)
+        )
         try:
             records = []
             for model in models:
@@ -202,8 +207,9 @@ def test_a_responses_answer_left_open_after_response_completed_ends_there(server
     assert server.requests[-1]["path"] == "/v1/responses"
 
 
-def test_a_redirect_is_an_error_naming_where_it_points(server) -> None:
-    (r,) = _requests(server, "redirect")
+@pytest.mark.parametrize("transport", ["sse", "openai"])
+def test_a_redirect_is_an_error_naming_where_it_points(server, transport) -> None:
+    (r,) = _requests(server, "redirect", transport=transport)
     assert r.error_class == "bad_request", (r.error_class, r.error_message)
     where = f"http://127.0.0.1:{server.port}/moved"
     assert f"307 Temporary Redirect to {where}/v1/chat/completions" in r.error_message, r.error_message

@@ -388,6 +388,9 @@ def make_client(
     http_client = openai.DefaultAsyncHttpx2Client(
         timeout=httpx2.Timeout(request_timeout_s),
         limits=httpx2.Limits(max_connections=room, max_keepalive_connections=room),
+        # a 3xx is an error naming its Location (tasks.stream.errors), as on the own client: a
+        # followed redirect would charge the second request's time to the first
+        follow_redirects=False,
         **({"verify": proxies.tls_context(ca_bundle)} if ca_bundle else {}),
         **proxies.httpx_routing(base_url),
     )

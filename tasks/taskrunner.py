@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, replace
+import threading
+import time
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 from urllib.parse import urlparse
 
@@ -28,8 +30,13 @@ __all__ = [
     "validate",
 ]
 
-#: How long the reachability check waits for a TCP connection to a Dask scheduler, seconds.
+#: How long the reachability check waits for each of its steps (the name resolved, the TCP
+#: connection, the scheduler's handshake), seconds: an address that never answers is named
+#: within ~3 times this, not waited on (``distributed.Client`` waits for the handshake forever).
 CONNECT_TIMEOUT_S = 3.0
+#: A Dask server writes its handshake as soon as it accepts a connection (msgpack, with this
+#: key: ``distributed.comm.core.Listener.on_connection``, ``Comm.handshake_info``).
+DASK_HANDSHAKE_KEY = b"pickle-protocol"
 
 #: Dask settings for the workers of a LocalCluster we start, whose task thread measures: the
 #: worker's own event loop otherwise wakes 300-700 times a second (its 20 ms tick, its 500 ms
@@ -46,10 +53,12 @@ QUIET_DASK_WORKER = {
 @dataclass(frozen=True)
 class DaskChoice:
     """Where points run. ``address`` None: a LocalCluster of ``workers`` processes (None: one
-    per core); otherwise the scheduler at that address."""
+    per core); otherwise the scheduler at that address. ``text``: what the user wrote
+    (``dask:abc:8786``), which the messages quote; not part of the choice's identity."""
 
     address: str | None = None
     workers: int | None = None
+    text: str | None = field(default=None, compare=False, repr=False)
 
     def to_dict(self) -> dict[str, Any]:
         return {"address": self.address, "workers": self.workers}
@@ -75,54 +84,118 @@ def parse_task_runner(text: str | None) -> DaskChoice | None:
     when it names none).
 
     Raises:
-        ValueError: anything else, e.g. ``dask:abc``, ``dask:0``, ``dask:-1`` (one line naming
-            the accepted forms: :data:`FORMS`)."""
+        ValueError: anything else, e.g. ``dask:abc``, ``dask:0``, ``dask:-1`` (one line quoting
+            ``text`` and naming the accepted forms, :data:`FORMS`; a host without a port is
+            given its likely meaning, ``dask:tcp://abc:8786``, Dask's default port)."""
     if text is None or text == "threads":
         return None
     kind, sep, rest = text.partition(":")
     if kind != "dask" or (sep and not rest):
         raise ValueError(f"{text!r} is not a task runner: {FORMS}")
     if not rest:
-        return DaskChoice()
+        return DaskChoice(text=text)
     if rest.lstrip("+-").isdigit():
         if int(rest) < 1:
             raise ValueError(f"{text!r} is not a task runner (N must be at least 1): {FORMS}")
-        return DaskChoice(workers=int(rest))
+        return DaskChoice(workers=int(rest), text=text)
     address = rest if "://" in rest else f"tcp://{rest}"
     parsed = urlparse(address)
     try:
         port = parsed.port
     except ValueError:  # not a number, or out of range
-        port = None
-    if parsed.scheme not in ("tcp", "tls") or not parsed.hostname or not port:
-        raise ValueError(f"{text!r} is not a task runner (a scheduler needs a host and a port): {FORMS}")
-    return DaskChoice(address=address)
+        port = -1
+    if parsed.scheme not in ("tcp", "tls") or not parsed.hostname or not port or port < 0:
+        hint = ""
+        if parsed.scheme in ("tcp", "tls") and parsed.hostname and port is None:
+            hint = f"; did you mean dask:{parsed.scheme}://{parsed.hostname}:8786?"
+        raise ValueError(
+            f"{text!r} is not a task runner (a scheduler needs a host and a port{hint}): {FORMS}"
+        )
+    return DaskChoice(address=address, text=text)
 
 
 def check_task_runner(text: str | None) -> DaskChoice | None:
-    """:func:`parse_task_runner`, then for an address a TCP connection to its host and port
-    (``CONNECT_TIMEOUT_S``), so that a scheduler where nothing listens is named before any
-    measurement; for ``tls://``, Dask's TLS settings too (:func:`check_dask_tls`).
+    """:func:`parse_task_runner`, then for an address: its host resolved, a TCP connection to
+    it, and for ``tcp://`` the scheduler's handshake read (each step within
+    :data:`CONNECT_TIMEOUT_S`), so that a scheduler where nothing listens, or a port where
+    something else does (the dashboard's 8787), is named in seconds before any measurement
+    (``distributed.Client`` would wait for that handshake forever); for ``tls://``, Dask's TLS
+    settings too (:func:`check_dask_tls`; the handshake is then inside TLS, not read).
 
     Raises:
-        ValueError: a bad spec, a ``tls://`` address without Dask's TLS settings, or nothing
-            accepts connections at the address (one line)."""
+        ValueError: a bad spec, a ``tls://`` address without Dask's TLS settings, a host that
+            does not resolve, nothing accepts connections at the address, or what does is no
+            Dask scheduler (one line quoting ``text``)."""
     choice = parse_task_runner(text)
     if choice is None or choice.address is None:
         return choice
     parsed = urlparse(choice.address)
     if parsed.scheme == "tls":
         check_dask_tls(choice.address)
+    start = f"`dask scheduler{' --protocol tls' if parsed.scheme == 'tls' else ''}`"
+    fix = f"start one ({start}) or use dask for a local cluster"
     try:
-        with socket.create_connection((parsed.hostname, parsed.port), timeout=CONNECT_TIMEOUT_S):
-            pass
+        found = _dask_handshake(parsed.hostname or "", parsed.port or 0, read=parsed.scheme == "tcp")
     except OSError as exc:
         raise ValueError(
-            f"no Dask scheduler answers at {choice.address} ({exc.strerror or exc}); start one "
-            f"(`dask scheduler{' --protocol tls' if parsed.scheme == 'tls' else ''}`) or use "
-            "--task-runner dask for a local cluster"
+            f"{text!r} names no Dask scheduler: nothing answers at {choice.address} "
+            f"({exc.strerror or exc}); {fix}"
         ) from None
+    if found is not None and DASK_HANDSHAKE_KEY not in found:
+        said = f"it said {found[:24]!r}" if found else f"it said nothing in {CONNECT_TIMEOUT_S:g} s"
+        raise ValueError(
+            f"{text!r} names no Dask scheduler: something accepts connections at {choice.address} "
+            f"but it is no Dask scheduler ({said}; a dashboard's port? a scheduler listens on 8786 "
+            f"unless told otherwise); {fix}"
+        )
     return choice
+
+
+def _dask_handshake(host: str, port: int, *, read: bool) -> bytes | None:
+    """What the server at ``host``:``port`` writes first (up to its Dask handshake; b"" when it
+    wrote nothing within :data:`CONNECT_TIMEOUT_S`), None when ``read`` is False (connected
+    only). The name is resolved in a thread of its own so that a resolver that hangs is bounded
+    too (``socket.create_connection``'s timeout does not cover it).
+
+    Raises:
+        OSError: the host does not resolve, or no connection to it (its reason)."""
+    infos: list[Any] = []
+    failure: list[OSError] = []
+
+    def resolve() -> None:
+        try:
+            infos.extend(socket.getaddrinfo(host, port, type=socket.SOCK_STREAM))
+        except OSError as exc:
+            failure.append(exc)
+
+    resolver = threading.Thread(target=resolve, daemon=True, name="dask-address-resolve")
+    resolver.start()
+    resolver.join(CONNECT_TIMEOUT_S)
+    if failure:
+        raise OSError(f"{host} does not resolve: {failure[0].strerror or failure[0]}")
+    if not infos:
+        raise OSError(f"{host} did not resolve in {CONNECT_TIMEOUT_S:g} s")
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.settimeout(CONNECT_TIMEOUT_S)
+        try:
+            sock.connect(address)
+        except TimeoutError:
+            raise OSError(f"no answer in {CONNECT_TIMEOUT_S:g} s") from None
+        if not read:
+            return None
+        said = b""
+        deadline = time.monotonic() + CONNECT_TIMEOUT_S
+        while DASK_HANDSHAKE_KEY not in said and len(said) < 4096:
+            sock.settimeout(max(0.01, deadline - time.monotonic()))
+            try:
+                chunk = sock.recv(4096)
+            except (TimeoutError, OSError):
+                break
+            if not chunk:
+                break
+            said += chunk
+        return said
 
 
 def validate(text: str) -> str:

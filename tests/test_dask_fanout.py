@@ -42,7 +42,8 @@ BIN = Path(sys.executable).parent / "infermeter"
                 "--task-runner",
                 "dask:abc",
             ],
-            "'dask:abc' is not a task runner (a scheduler needs a host and a port): give threads",
+            "'dask:abc' is not a task runner (a scheduler needs a host and a port; did you mean "
+            "dask:tcp://abc:8786?): give threads",
         ),
         (
             ["stream", "--base-url", "http://127.0.0.1:{port}/v1", "--model", "m", "--task-runner", "dask:2"]

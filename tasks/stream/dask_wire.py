@@ -14,7 +14,12 @@ One JSON object a line over a TCP connection the worker opens to the orchestrato
 From ``go`` to ``done`` nothing else flows to the worker but ``start``, so while its client's
 loop runs the worker watches the link for its end (``_Wire``, peeking, never reading): when the
 orchestrator exits, is interrupted or fails, the worker cancels its requests in flight and
-sends no more (its task returns ``"orphaned"``). Its records leave without blocking that loop.
+sends no more (its task returns ``"orphaned"``); the hooks given to :func:`when_orphaned` run
+then (a LocalCluster's worker mutes its output: ``tasks.stream.dask_cluster.mute_worker``). Its
+records leave without blocking that loop: each goes to the socket with one non-blocking
+``send``; what the socket does not take waits in a buffer that the loop writes out as the
+socket drains (an orchestrator slow to read holds no request of the level), and the buffer is
+written out before ``done`` (no record is lost at the end).
 
 :func:`set_clock_skew` makes a worker's clock read ahead, as one on another host would: its
 pongs, its records' ``send_ns``, its ``last_done_ns``, and the start instant it receives (the
@@ -29,6 +34,7 @@ import gc
 import json
 import socket
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -38,7 +44,7 @@ from tasks.stream.level_result import LevelResult
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 
-__all__ = ["PINGS", "Link", "client_task", "set_clock_skew", "sync"]
+__all__ = ["PINGS", "Link", "client_task", "set_clock_skew", "sync", "when_orphaned"]
 
 #: Round trips per clock-offset estimate (the shortest is kept).
 PINGS = 10
@@ -46,6 +52,15 @@ PINGS = 10
 CONNECT_TIMEOUT_S = 120.0
 
 _SKEW_NS = 0  # set_clock_skew: added to this process's clock readings that go to the orchestrator
+_ORPHANED: list[Callable[[], None]] = []  # when_orphaned's hooks
+
+
+def when_orphaned(hook: Callable[[], None]) -> None:
+    """Call ``hook()`` in this worker each time a level's link closes before its end (the
+    orchestrator exited, was interrupted or failed), once its requests are cancelled (at most
+    once per hook: a hook given twice is kept once)."""
+    if hook not in _ORPHANED:
+        _ORPHANED.append(hook)
 
 
 def set_clock_skew(ns: int) -> None:
@@ -230,6 +245,9 @@ class _Wire:
         self.loop.remove_writer(self.fd)
         for task in asyncio.all_tasks(self.loop):
             task.cancel()
+        for hook in _ORPHANED:
+            with contextlib.suppress(Exception):  # a hook's failure must not keep a request going
+                hook()
 
 
 async def _measure(

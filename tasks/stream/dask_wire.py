@@ -71,13 +71,22 @@ def set_clock_skew(ns: int) -> None:
 
 
 class Link:
-    """One JSON object per line over a TCP socket (with keep-alive: a vanished peer is an
-    error within ~25 s instead of never)."""
+    """One JSON object per line over a TCP socket. A peer whose host vanished (no FIN, no RST)
+    is an error within ~25 s instead of never: keep-alive probes it while nothing is sent, and
+    ``TCP_USER_TIMEOUT`` (Linux, RFC 5482) bounds how long sent data may stay unacknowledged,
+    which keep-alive does not (a worker shipping records to a vanished orchestrator would
+    otherwise retransmit, and go on sending requests, for ~15 minutes: ``tcp_retries2``)."""
 
     def __init__(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-        for name, value in (("TCP_KEEPIDLE", 10), ("TCP_KEEPINTVL", 5), ("TCP_KEEPCNT", 3)):
+        options = (
+            ("TCP_KEEPIDLE", 10),
+            ("TCP_KEEPINTVL", 5),
+            ("TCP_KEEPCNT", 3),
+            ("TCP_USER_TIMEOUT", 25_000),
+        )
+        for name, value in options:
             if hasattr(socket, name):
                 sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
         self.sock = sock

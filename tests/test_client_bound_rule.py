@@ -122,17 +122,10 @@ def test_merged_lags_carry_each_loops_evidence() -> None:
     joined = merge_lags([second, first])
     assert "coalesced_late_gaps" not in joined
     assert joined.timeline == ([at(1.0), at(3.0), at(5.0)], [at(1.1), at(3.1), at(5.2)])
-    overlapped = merge_lags([first, beside])
-    assert overlapped.timeline is None and overlapped["event_loops"] == 2
-    assert joined["event_loops"] == 1
-
-
-def test_figures_that_came_as_json_keep_one_loops_reads_as_evidence() -> None:
-    """A Dask worker's figures come as JSON (no samples): its own records are one loop's, so
-    their reads still bound each other; the level's, over several workers, are not."""
+    assert merge_lags([first, beside]).timeline is None
+    # figures that came as JSON (a Dask worker's): no samples, no count: no loop's evidence
     records = [LATE_PAIR, *others(29.9)]
+    as_json = dict(probe([(29.5, 29.51)]))
     kw = {"lag_tolerance_ms": 1.0, "coalesced_tolerance": 0.01}
-    one_loop = {"client_loop_lag_ms_p99": 0.1, "client_bound": 0, "event_loops": 1}
-    assert client_figures(records, one_loop, **kw)["client_bound"] == 0
-    workers = merge_lags([one_loop, dict(one_loop)])
-    assert workers["event_loops"] == 2 and client_figures(records, workers, **kw)["client_bound"] == 1
+    assert client_figures(records, as_json, **kw)["client_bound"] == 1
+    assert client_figures(records, merge_lags([as_json]), **kw)["client_bound"] == 1

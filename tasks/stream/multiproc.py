@@ -81,9 +81,10 @@ def merge_lags(lags: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     The kernel clock's evidence (``tasks.stream.rxclock.late_coalesced_gaps``) is one loop's:
     ``coalesced_late_gaps`` is summed when every loop counted its own (client processes); else
     the probes' samples (``tasks.stream.lag.LagFigures.timeline``) are joined when the loops
-    ran one after another (repeats in one process: ``event_loops`` 1), and dropped when they
-    may have overlapped in time (``event_loops`` counts them all: records whose loops cannot be
-    told apart, the judge then takes no loop's evidence but each connection's own)."""
+    ran one after another (repeats in one process), and dropped when they may have overlapped
+    in time, or came without samples (records whose loops cannot be told apart: the judge then
+    takes no loop's evidence but each connection's own). A Dask worker's figures come as JSON,
+    without samples or a count: its level is judged that cautious way (more flags, none missed)."""
     known = [lag for lag in lags if lag.get("client_loop_lag_ms_p99") is not None]
     if not known:
         return {}
@@ -100,9 +101,6 @@ def merge_lags(lags: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     )
     if len(timelines) == len(lags) and all(a[1][-1] < b[0][0] for a, b in zip(timelines, timelines[1:])):
         out.timeline = ([w for t in timelines for w in t[0]], [r for t in timelines for r in t[1]])
-        out["event_loops"] = 1
-    else:
-        out["event_loops"] = sum(lag.get("event_loops") or 1 for lag in lags)
     return out
 
 

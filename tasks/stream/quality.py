@@ -181,8 +181,8 @@ def client_figures(
         lag: :meth:`tasks.stream.lag.LoopLagProbe.metrics` of the measured part (its
             ``client_bound`` is the user clock's flag; its ``timeline``, or a
             ``coalesced_late_gaps`` count that client processes made of their own, the kernel
-            clock's evidence; ``event_loops`` other than 1: the records' reads are no evidence
-            for each other), or :func:`tasks.stream.multiproc.merge_lags` of several.
+            clock's evidence; without either, each connection's own reads only), or
+            :func:`tasks.stream.multiproc.merge_lags` of several.
         lag_tolerance_ms, coalesced_tolerance: the user clock's lag threshold (ms), also the
             error a coalesced gap may carry before it is doubtful on the kernel clock; the
             kernel clock's share of doubtful gaps.
@@ -206,11 +206,8 @@ def client_figures(
     fraction = coalesced / gaps if gaps else None
     if clock == "kernel":
         late = lag.get("coalesced_late_gaps")
-        if late is None:  # one loop's records: their reads and, where it ran one, its probe's
-            timeline = getattr(lag, "timeline", None)
-            if timeline is None and lag.get("event_loops") == 1:  # figures that came as JSON
-                timeline = ((), ())
-            late = rxclock.late_coalesced_gaps(measured, timeline, lag_tolerance_ms)
+        if late is None:  # one loop's records and its probe's samples, or no loop's evidence
+            late = rxclock.late_coalesced_gaps(measured, getattr(lag, "timeline", None), lag_tolerance_ms)
         bound = None if not gaps else int(late / gaps > coalesced_tolerance)
     else:
         bound = lag.get("client_bound")

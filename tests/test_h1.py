@@ -50,11 +50,13 @@ async def _serve(script: Script, body: Callable[[Pool], Awaitable[object]]) -> t
     server = await asyncio.start_server(handle, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     pool = Pool(f"http://127.0.0.1:{port}/v1", kernel_clock=True)
-    try:
-        async with server:
+    async with server:
+        try:
             return await body(pool), connections
-    finally:
-        await pool.close()
+        finally:
+            # before the server's exit: from Python 3.12.1 it waits for every connection to
+            # close (asyncio.Server.wait_closed, CPython gh-79033), the pool's kept ones too
+            await pool.close()
 
 
 async def _post_and_read(pool: Pool, timeout_s: float = 5.0) -> tuple[int, bytes, h1.Response]:

@@ -28,20 +28,19 @@ said in the warning). :func:`mismatch_warning` says when the measured share is m
 
 Isolation: seeded prompts replayed against a long-lived server measure its cache, not the
 server (vLLM #54227: mean TTFT 49x lower). Before a level's measured requests the stream stage
-resets the cache where the server offers it (:func:`reset_prefix_cache`: vLLM's
-``POST /reset_prefix_cache``, in its development mode); where it does not, the random prompts'
-per-run salt keeps one run's prompts out of the next's cache. A reset is not a cold start (the
-allocator, CUDA graphs and warm pages stay): the records say which one a level had.
+resets the cache where the server offers it (``tasks.stream.endpoint_http.reset_prefix_cache``:
+vLLM's ``POST /reset_prefix_cache``, in its development mode, on the endpoint's way: its proxy,
+its CA bundle); where it does not, the random prompts' per-run salt keeps one run's prompts out
+of the next's cache. A reset is not a cold start (the allocator, CUDA graphs and warm pages
+stay): the records say which one a level had.
 
-Pure functions over scrapes (``tasks.stream.prometheus.parse`` dicts) and records, one HTTP
-call (:func:`reset_prefix_cache`), and :class:`ExpectedCache`, what a perfect cache holds across
-a run's levels.
+Pure functions over scrapes (``tasks.stream.prometheus.parse`` dicts) and records (the reset's
+HTTP call is the stream package's, beside its other calls to the endpoint: this module stays
+below it), and :class:`ExpectedCache`, what a perfect cache holds across a run's levels.
 """
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,32 +49,12 @@ from typing import Any
 UNEXPECTED_HIT_RATE = 0.01
 
 
-def reset_prefix_cache(base_url: str, api_key: str | None = None, timeout_s: float = 10.0) -> str | None:
-    """Ask the server to empty its prefix cache: ``POST <root>/reset_prefix_cache`` (vLLM; the
-    route exists in its development mode, ``VLLM_SERVER_DEV_MODE=1``).
-
-    Returns None when the server said yes (HTTP 2xx), else why not, in a few words (``HTTP 404``,
-    ``connection refused``): a server without the route keeps its cache.
-    """
-    root = base_url.rstrip("/")
-    root = root[: -len("/v1")] if root.endswith("/v1") else root
-    request = urllib.request.Request(f"{root}/reset_prefix_cache", data=b"", method="POST")
-    if api_key:
-        request.add_header("Authorization", f"Bearer {api_key}")
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return None if 200 <= response.status < 300 else f"HTTP {response.status}"
-    except urllib.error.HTTPError as exc:
-        return f"HTTP {exc.code}"
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        return str(getattr(exc, "reason", exc))
-
-
 def reset_refused(why: str) -> str:
     """The warning for a prefix-cache reset that did not happen (``why``: what
-    :func:`reset_prefix_cache` returned). A server that answered without the route keeps its cache
-    between levels; one that did not answer at all is said to be unreachable, not to lack the
-    route (a server that died during a run: its level's errors say the rest)."""
+    ``tasks.stream.endpoint_http.reset_prefix_cache`` returned). A server that answered without
+    the route (or redirected it: not followed) keeps its cache between levels; one that did not
+    answer at all is said to be unreachable, not to lack the route (a server that died during a
+    run: its level's errors say the rest)."""
     if why.startswith("HTTP "):
         return (
             f"the server offers no prefix-cache reset ({why} at /reset_prefix_cache): its cache is kept "

@@ -24,9 +24,11 @@ The checks, in order (:func:`check_endpoint`):
    probes ``POST {base_url}/completions`` instead, ``--api responses`` ``POST
    {base_url}/responses``.
 
-Any other answer (other 5xx, 400, 429, a slow server) is left to the run, which records it per
-request: pre-flight only stops settings that can never work. The HTTP calls go through the
-proxy the endpoint's URL is given (or none), with the same TLS context as the run.
+A redirect (3xx) at either call -> ``base_url``, naming where it points and the base URL that
+would reach it: it is not followed (the run does not follow one either). Any other answer (other
+5xx, 400, 429, a slow server) is left to the run, which records it per request: pre-flight only
+stops settings that can never work. The HTTP calls go the endpoint's way
+(:mod:`tasks.stream.endpoint_http`: the proxy its URL is given, or none; the run's TLS context).
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
+from tasks.stream import endpoint_http
 from tasks.stream import proxy as proxies
 
 __all__ = [
@@ -144,37 +147,30 @@ def _check_tls(sock: socket.socket, host: str, port: int, ca_bundle: str | None,
         ) from None
 
 
-def _opener(url: str, ca_bundle: str | None) -> urllib.request.OpenerDirector:
-    """urllib with the proxy :func:`tasks.stream.proxy.proxy_for` names for ``url`` (none: direct,
-    whatever urllib's own rule says: it lacks the loopback one), for https the run's TLS."""
-    scheme = urlsplit(url).scheme
-    try:
-        proxy = proxies.proxy_for(url)
-    except proxies.ProxyError:  # check_reachable named it
-        proxy = None
-    handlers: list[urllib.request.BaseHandler] = [
-        urllib.request.ProxyHandler({scheme: proxy.url} if proxy else {})
-    ]
-    if scheme == "https":
-        handlers.append(urllib.request.HTTPSHandler(context=proxies.tls_context(ca_bundle)))
-    return urllib.request.build_opener(*handlers)
-
-
 def _call(
-    url: str, key: str | None, body: dict | None, timeout_s: float, ca_bundle: str | None = None
+    base: str, path: str, key: str | None, body: dict | None, timeout_s: float, ca_bundle: str | None = None
 ) -> tuple[int, str]:
     """(HTTP status, up to 2 kB of the body: the error text; empty for a 200 chat stream,
-    which is not read). Status 0: no answer in time, or the connection broke. Through the
-    endpoint's proxy (or none) and TLS context (:func:`_opener`)."""
+    which is not read) of ``{base}/{path}``. Status 0: no answer in time, or the connection
+    broke. On the endpoint's way (``tasks.stream.endpoint_http``: its proxy, its TLS context).
+
+    Raises:
+        PreflightError: (``base_url``) a redirect (not followed), naming where it points.
+    """
+    url = f"{base}/{path}"
     headers = {"Content-Type": "application/json"}
     if key:
         headers["Authorization"] = f"Bearer {key}"
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers=headers, method="POST" if data else "GET")
     try:
-        with _opener(url, ca_bundle).open(request, timeout=timeout_s) as response:
+        with endpoint_http.opener(url, ca_bundle).open(request, timeout=timeout_s) as response:
             return response.status, "" if data else response.read(1 << 20).decode(errors="replace")
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:  # not followed: the run would measure where it points instead
+            location = exc.headers.get("Location")
+            said = endpoint_http.redirect_message(url, exc.code, exc.reason, location, f"/{path}")
+            raise PreflightError("base_url", said) from None
         try:
             text = exc.read(2048).decode(errors="replace")
         except OSError:
@@ -240,7 +236,7 @@ def check_endpoint(
     """
     base = base_url.rstrip("/")
     check_reachable(base, min(timeout_s, 5.0), ca_bundle)
-    status, body = _call(f"{base}/models", key, None, timeout_s, ca_bundle)
+    status, body = _call(base, "models", key, None, timeout_s, ca_bundle)
     if status in (401, 403):
         raise _key_error(status, body, key_env, key)
     served = _served_models(body) if status == 200 else None
@@ -258,7 +254,7 @@ def check_endpoint(
     else:
         path, request["messages"] = "chat/completions", [{"role": "user", "content": "ping"}]
         request["max_completion_tokens"] = 1
-    status, body = _call(f"{base}/{path}", key, request, timeout_s, ca_bundle)
+    status, body = _call(base, path, key, request, timeout_s, ca_bundle)
     if status in (401, 403):
         raise _key_error(status, body, key_env, key)
     if status == 404:

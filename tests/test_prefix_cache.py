@@ -180,7 +180,8 @@ def test_sglang_and_vllm_pages_are_parsed_for_the_cache() -> None:
 def test_a_reset_refused_by_the_route_and_one_without_an_answer_are_told_apart() -> None:
     import socket
 
-    from tasks.cache import reset_prefix_cache, reset_refused
+    from tasks.cache import reset_refused
+    from tasks.stream.endpoint_http import reset_prefix_cache
 
     with socket.socket() as free:  # a port nothing listens on: the server is down
         free.bind(("127.0.0.1", 0))

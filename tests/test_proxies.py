@@ -312,8 +312,9 @@ def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
 def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, tls_instrument, ca, tmp_path):
     """``infermeter stream --ca-bundle`` with every proxy variable at the test proxy and no
     NO_PROXY: the endpoint's connections (the pre-flight's, the stream's from its client
-    process) are CONNECT tunnels through the proxy, TLS trusting the CA given; the command's own
-    Prefect API calls (127.0.0.1, the session's server) do not go through it."""
+    process, the level's scrapes and cache reset) are CONNECT tunnels through the proxy, TLS
+    trusting the CA given; the command's own Prefect API calls (127.0.0.1, the session's
+    server) do not go through it."""
     env(HTTP_PROXY=proxy.url, HTTPS_PROXY=proxy.url, ALL_PROXY=proxy.url)
     proxy.reset()
     out = tmp_path / "out.json"
@@ -329,6 +330,9 @@ def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, tls_instrum
     assert result.returncode == 0, result.stderr[-3000:]
     level = json.loads(out.read_text())["levels"][0]
     assert [r["output_tokens"] for r in level["requests"]] == [3, 3, 3]
+    # the level's scrapes and its prefix-cache reset took the same way, trusting the same CA
+    assert level["metrics"]["server_gt_requests_total_delta"] == 3
+    assert level["metrics"]["prefix_cache_reset"] == 1
     counts = proxy.counts()
     assert set(counts["connects"]) == {f"{NAME}:{tls_instrument.port}"}  # nothing else
     assert counts["connects"][f"{NAME}:{tls_instrument.port}"] >= 4  # the pre-flight's 3, the level's

@@ -30,13 +30,13 @@ Standard library only (and the stream package's Prometheus parser).
 from __future__ import annotations
 
 import http.client
+import logging
 import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
-from tasks.stream import prometheus
+from tasks.stream import endpoint_http, prometheus
 
 #: Seconds between two samples (a GET that takes longer skips the ticks it overran).
 INTERVAL_S = 0.25
@@ -85,7 +85,9 @@ class GaugeSampler:
     :meth:`stop` (callable several times: a level's repeats each add their measured part).
 
     Use as a context manager so the thread stops however the level ends. ``samples`` holds every
-    reading in time order; read it after :meth:`stop`.
+    reading in time order; read it after :meth:`stop`. The GETs go the endpoint's way
+    (:mod:`tasks.stream.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
+    followed (no sample; a warning naming where it points, once, to ``logger``).
     """
 
     def __init__(
@@ -96,13 +98,15 @@ class GaugeSampler:
         interval_s: float = INTERVAL_S,
         names: Sequence[str] = GAUGES + COUNTERS,
         timeout_s: float = TIMEOUT_S,
+        ca_bundle: str | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
     ) -> None:
         self.base_url, self.api_key = base_url, api_key
         self.interval_s, self.names, self.timeout_s = interval_s, tuple(names), timeout_s
         self.samples: list[GaugeSample] = []
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._page = _KeptGet(prometheus.metrics_url(base_url), api_key, timeout_s)
+        self._page = _KeptGet(prometheus.metrics_url(base_url), api_key, timeout_s, ca_bundle, logger)
 
     def start(self) -> None:
         """Start sampling now (the first GET at once); no-op while already sampling."""
@@ -154,26 +158,35 @@ class GaugeSampler:
 
 class _KeptGet:
     """GETs of one URL on one kept HTTP/1.1 connection (RFC 9112 §9.3): a sample costs the server
-    no new connection every 250 ms and its ``fetch_ms`` no connect. After a failure, or a server
-    that closes, the next GET opens a new one; a kept connection that the server closed while
-    idle is retried once on a new one. ``get`` returns the page's text, or None (not 200, no
+    no new connection every 250 ms and its ``fetch_ms`` no connect. The connection is the
+    endpoint's (:func:`tasks.stream.endpoint_http.connection`: direct, tunnelled or forwarded
+    through its proxy, its TLS context). After a failure, or a server that closes, the next GET
+    opens a new one; a kept connection that the server closed while idle is retried once on a
+    new one. ``get`` returns the page's text, or None (not 200, a redirect: not followed, no
     answer within ``timeout_s``, a connection failure)."""
 
-    def __init__(self, url: str, api_key: str | None, timeout_s: float) -> None:
-        parts = urlsplit(url)
-        self._https, self._host, self._port = parts.scheme == "https", parts.hostname or "", parts.port
-        self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    def __init__(
+        self,
+        url: str,
+        api_key: str | None,
+        timeout_s: float,
+        ca_bundle: str | None = None,
+        logger: logging.Logger | logging.LoggerAdapter | None = None,
+    ) -> None:
+        self._url, self._ca_bundle, self._logger = url, ca_bundle, logger
         self._headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._timeout_s = timeout_s
         self._connection: http.client.HTTPConnection | None = None
+        self._target, self._fields = "/", dict[str, str]()
 
     def get(self) -> str | None:
         for kept in (self._connection is not None, False):
-            if self._connection is None:
-                kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-                self._connection = kind(self._host, self._port, timeout=self._timeout_s)
             try:
-                self._connection.request("GET", self._path, headers=self._headers)
+                if self._connection is None:
+                    self._connection, self._target, self._fields = endpoint_http.connection(
+                        self._url, self._ca_bundle, self._timeout_s
+                    )
+                self._connection.request("GET", self._target, headers=self._headers | self._fields)
                 response = self._connection.getresponse()
                 body = response.read(8_000_000)
             except (OSError, http.client.HTTPException):
@@ -183,6 +196,11 @@ class _KeptGet:
                 return None
             if response.will_close or response.status != 200 or not response.isclosed():
                 self.close()  # not to be kept: closing, an error, or a page left unread
+            if 300 <= response.status < 400:
+                said = endpoint_http.redirect_message(
+                    self._url, response.status, response.reason, response.getheader("Location")
+                )
+                endpoint_http.warn_once(f"the server's gauges are not sampled: {said}", self._logger)
             return body.decode("utf-8", "replace") if response.status == 200 else None
         return None
 

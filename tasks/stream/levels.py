@@ -36,7 +36,7 @@ from tasks.engines.death import server_died_error
 from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
-from tasks.stream import prometheus, quality
+from tasks.stream import endpoint_http, prometheus, quality
 from tasks.stream.dask_cluster import dask_client
 from tasks.stream.dask_load import pooled_workers, run_level_dask
 from tasks.stream.errors import SERVER_DIED
@@ -208,14 +208,16 @@ def _run_one(
     results: list[LevelResult] = []
     pairs: list[tuple[dict[str, float] | None, dict[str, float] | None]] = []
     befores: dict[int, dict[str, float] | None] = {}  # repeat -> the scrape before its measured part
-    sampler = GaugeSampler(connection.base_url, connection.api_key)  # off the timed path (gauges.py)
+    where = (connection.base_url, connection.api_key)  # and the endpoint's way there (endpoint_http):
+    way = {"ca_bundle": connection.ca_bundle, "logger": logger}  # its proxy, its CA bundle
+    sampler = GaugeSampler(*where, **way)  # off the timed path (gauges.py)
 
     def scrape_before() -> None:  # after the repeat's warm-up, nothing in flight
         if settings.reset_cache:
-            why = cache.reset_prefix_cache(connection.base_url, connection.api_key)
+            why = endpoint_http.reset_prefix_cache(*where, ca_bundle=connection.ca_bundle)
             if why is not None:
                 refused.append(why)
-        befores[len(results)] = prometheus.scrape(connection.base_url, connection.api_key)
+        befores[len(results)] = prometheus.scrape(*where, **way)
         if befores[len(results)]:  # a server without /metrics is not asked again
             sampler.start()
 
@@ -233,7 +235,7 @@ def _run_one(
             )
             sampler.stop()  # the measured part is over: its last request ended
             before = befores.get(repeat)
-            after = prometheus.scrape(connection.base_url, connection.api_key) if before else None
+            after = prometheus.scrape(*where, **way) if before else None
             pairs.append((before, after))
     result = _pooled(results, settings)
     before, after = prometheus.combine(pairs)

@@ -17,6 +17,8 @@ logs what changed beside the client's figures:
 
 Names are made MLflow-safe (``:`` and other characters become ``_``). A server without the
 endpoint gives None and nothing is logged. Format: Prometheus text exposition format 0.0.4.
+The scrape goes the endpoint's way (:mod:`tasks.stream.endpoint_http`: its proxy, its CA
+bundle); a redirect is not followed (None, and a warning naming where it points).
 
 ``cross_check`` then puts the server's latency histograms that have a client counterpart
 (:data:`CLIENT_COUNTERPARTS`, vLLM's names) beside the client's, in the client's unit:
@@ -27,11 +29,14 @@ counterpart), and ``server_client_disagree`` (0/1; see :func:`cross_check`).
 
 from __future__ import annotations
 
+import logging
 import math
 import re
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+
+from tasks.stream import endpoint_http
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
@@ -137,17 +142,32 @@ def _level_buckets(before: dict[str, float], after: dict[str, float]) -> dict[st
     return out
 
 
-def scrape(base_url: str, api_key: str | None = None, timeout_s: float = 5.0) -> dict[str, float] | None:
+def scrape(
+    base_url: str,
+    api_key: str | None = None,
+    timeout_s: float = 5.0,
+    *,
+    ca_bundle: str | None = None,
+    logger: logging.Logger | logging.LoggerAdapter | None = None,
+) -> dict[str, float] | None:
     """The server's metrics now, or None when it has no Prometheus endpoint (any HTTP error,
-    a connection failure, or a page that is not Prometheus text)."""
-    request = urllib.request.Request(metrics_url(base_url))
+    a connection failure, or a page that is not Prometheus text). On the endpoint's way
+    (:mod:`tasks.stream.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
+    followed: None, and a warning naming where it points, once (``logger``)."""
+    url = metrics_url(base_url)
+    request = urllib.request.Request(url)
     if api_key:
         request.add_header("Authorization", f"Bearer {api_key}")
     try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+        with endpoint_http.opener(url, ca_bundle).open(request, timeout=timeout_s) as response:
             if response.status != 200:
                 return None
             text = response.read(8_000_000).decode("utf-8", "replace")
+    except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            said = endpoint_http.redirect_message(url, exc.code, exc.reason, exc.headers.get("Location"))
+            endpoint_http.warn_once(f"the server's metrics are left out: {said}", logger)
+        return None
     except (urllib.error.URLError, OSError, ValueError):
         return None
     values = parse(text)

@@ -82,7 +82,7 @@ class LevelSettings:
             None: not known.
         prompt_groups: each prompt's shared-prefix group (recorded as ``prefix_group``), or None.
         reset_cache: reset the server's prefix cache before the measured requests (where it
-            offers a reset: ``tasks.cache.reset_prefix_cache``).
+            offers a reset: ``tasks.stream.endpoint_http.reset_prefix_cache``).
         sessions: conversations instead of single requests: measured "request" ``i`` is the
             closed-loop session ``sessions[i % len]`` of one user (its turns sent one after
             the other, each with the history of earlier turns and the replies the server gave:

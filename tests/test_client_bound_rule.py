@@ -85,18 +85,20 @@ def test_chunks_that_arrived_apart_are_doubtful_and_flag_the_level() -> None:
 
 
 def test_the_loop_lag_probe_bounds_a_read_where_no_connection_did() -> None:
-    """An idle loop reads the probe at once: a sample written at 29.5 ms and read at 29.51 ms
-    says A's chunks arrived after 29.5 ms (error under 0.5 ms); a sample read after A's read,
-    or one written after A's last chunk arrived, says nothing."""
+    """An idle loop reads the probe at once: a sample written at 29.5 ms, whose loop turn
+    ended before the probe's next read (30.01 ms, before A's read at 33 ms), says A's chunks
+    arrived after 29.5 ms (error under 0.5 ms). A sample whose next read comes after A's read
+    may share A's loop turn (the reactor's turn can follow the probe's), and one written after
+    A's last chunk arrived says nothing."""
     records = [LATE_PAIR, *others(25.0)]
     for record_ in records[1:]:
         record_.user_token_offsets_ms[-1] = 25.1
-    idle = probe([(27.5, 27.51), (29.5, 29.51)])
+    idle = probe([(29.0, 29.01), (29.5, 29.51), (30.0, 30.01)])
     assert rxclock.late_coalesced_gaps(records, idle.timeline, 1.0) == 0
     assert client_figures(records, idle, lag_tolerance_ms=1.0, coalesced_tolerance=0.01)["client_bound"] == 0
-    read_after = probe([(29.5, 33.5)])
-    written_after = probe([(31.0, 31.01)])
-    for figures in (read_after, written_after):
+    same_turn = probe([(29.5, 29.51), (31.0, 33.5)])
+    written_after = probe([(31.0, 31.01), (31.5, 31.51)])
+    for figures in (same_turn, written_after):
         assert rxclock.late_coalesced_gaps(records, figures.timeline, 1.0) == 2
 
 
@@ -125,7 +127,7 @@ def test_merged_lags_carry_each_loops_evidence() -> None:
     assert merge_lags([first, beside]).timeline is None
     # figures that came as JSON (a Dask worker's): no samples, no count: no loop's evidence
     records = [LATE_PAIR, *others(29.9)]
-    as_json = dict(probe([(29.5, 29.51)]))
+    as_json = dict(probe([(29.5, 29.51), (30.0, 30.01)]))
     kw = {"lag_tolerance_ms": 1.0, "coalesced_tolerance": 0.01}
     assert client_figures(records, as_json, **kw)["client_bound"] == 1
     assert client_figures(records, merge_lags([as_json]), **kw)["client_bound"] == 1

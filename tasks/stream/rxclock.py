@@ -200,6 +200,19 @@ def _reads(record: Any) -> list[tuple[int, int, int]]:
     return [(k, u, n) for k, u, n, _ in out]
 
 
+def _probe_evidence(timeline: tuple[Sequence[int], Sequence[int]]) -> list[tuple[int, int]]:
+    """The probe's samples as evidence ``(read_ns, arrival_ns)``: a sample written at ``w`` and
+    read in one loop turn proves that a connection ready at ``w`` was read by the end of that
+    turn, which is before the probe's next read (a later turn), not before the sample's own
+    read (the reactor's turn may come after the probe's in the same loop turn: measured
+    1-29 ms early under load). So each sample counts as read at the next distinct read."""
+    latest: dict[int, int] = {}  # read_ns -> the latest write it took
+    for written, read in zip(*timeline):
+        latest[read] = max(written, latest.get(read, written))
+    reads = sorted(latest)
+    return [(after, latest[read]) for read, after in zip(reads, reads[1:])]
+
+
 def late_coalesced_gaps(
     records: Iterable[Any], timeline: tuple[Sequence[int], Sequence[int]] | None, tolerance_ms: float
 ) -> int:
@@ -218,15 +231,25 @@ def late_coalesced_gaps(
       so ``a_first`` is after it (the request's send for its first read);
     - the loop takes every ready connection in each turn, in the order they became ready
       (epoll's ready list), so ``a_first`` is after the arrival of anything it read before this
-      read: another connection's single-chunk read (its one segment's stamp) or a loop-lag
-      probe sample (``timeline``: written at ``w``, read at ``r``; an idle loop reads each
-      at once), only those whose arrival is at or before ``s``.
+      read: another connection's single-chunk read (its one segment's stamp), only those
+      whose arrival is at or before ``s``;
+    - a loop-lag probe sample (``timeline``: written at ``w``) read in a loop turn before the
+      turn of this read (:func:`_probe_evidence`): a connection ready at ``w`` would have been
+      read in the sample's turn, so ``a_first`` is after ``w``. An idle loop reads each sample
+      at once: the bound is then about two probe intervals.
 
     So ``s - max(those)`` bounds every error the read can hold. A read whose bound exceeds the
     tolerance makes its ``n`` gaps doubtful (``n - 1`` for a response's first read: no gap
     into it). The bound is tight where the loop was free or turning quickly (the other
-    connections' reads and the probe come every few microseconds to 2 ms), and as wide as the
+    connections' reads and the probe come every few microseconds to 1 ms), and as wide as the
     loop's stall where it was not: exactly where chunks that arrived apart can share a stamp.
+    Where the client itself was descheduled while the server wrote, nothing it saw can tell
+    chunks written together from chunks written apart (the kernel keeps one stamp for the
+    segments queued on a socket: a 1-byte ``MSG_PEEK`` returns the last one's too, measured
+    here), so such reads stay doubtful. The ready-list order is an assumption, not a guarantee:
+    a connection read in the previous turn keeps its place in the list, so a read can come
+    before one whose bytes arrived earlier (seen under heavy load); the benchmark counts the
+    missed flags it can cost (tests/benchmarks/client_bound_flags.py).
     With 512 streams on two shared cores, the instrument stalls as the client does and then
     writes a stream's late chunks back to back; the client reads them, read over 1 ms after
     their stamp, in one read: the old count (:func:`coalesced_events`) called those wrong and
@@ -246,7 +269,7 @@ def late_coalesced_gaps(
     evidence: list[tuple[int, int]] = []  # (read_ns, arrival_ns), in read order
     if timeline is not None:
         evidence = [(u, k) for _, reads in kept for k, u, n in reads if n == 1]
-        evidence += zip(timeline[1], timeline[0])
+        evidence += _probe_evidence(timeline)
         evidence.sort()
     read_times = [u for u, _ in evidence]
     limit = round(tolerance_ms * 1e6)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -101,6 +102,8 @@ def one_run(server: gt.GroundTruthServer, streams: int, gap_ms: float, hogs: int
 
 
 def main() -> None:
+    # a SIGTERM ends the run through its finally blocks: the hogs and the instrument die with it
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conditions", default="64,256,512,1024,256:10:2,512:10:1,64:3:3")
     parser.add_argument("--runs", type=int, default=20)

@@ -215,3 +215,79 @@ def test_a_redirect_is_an_error_naming_where_it_points(server, transport) -> Non
     assert f"307 Temporary Redirect to {where}/v1/chat/completions" in r.error_message, r.error_message
     assert f"set base_url to {where}/v1" in r.error_message
     assert not any(request["path"].startswith("/moved") for request in server.requests)  # not followed
+
+
+def _closed_at_its_answer(server: WireServer, r: RequestRecord, after: RequestRecord) -> None:
+    """``r``'s answer complete in its own time, the grace after it, its open connection not
+    reused (``after`` on a new one)."""
+    assert r.succeeded, r.error_message
+    assert r.output_text == "".join(f" w{i}" for i in range(WORDS))
+    assert (r.output_tokens, r.output_tokens_source) == (WORDS, "usage")
+    # complete at the usage (written with the last text chunk), plus the grace for the body's end
+    grace_ms = h1.END_GRACE_S * 1e3
+    assert grace_ms <= r.stream_close_ms - r.e2e_ms < grace_ms + 100, (r.e2e_ms, r.stream_close_ms)
+    first, second = server.requests[-2:]
+    assert second["connection"] != first["connection"], (first, second)
+    assert after.succeeded, after.error_message
+
+
+@pytest.mark.parametrize("close", ["nodone", "nodone_finish"])
+@pytest.mark.parametrize("api", ["chat", "completions"])
+def test_an_answer_closed_by_its_finish_and_usage_without_done_ends_there(server, close, api) -> None:
+    """No ``[DONE]``, the body left open: the finish and the usage-only chunk (OpenAI's, vLLM's,
+    SGLang's close with ``include_usage``), or the usage on the finish chunk itself (llama.cpp's
+    before #16048). A request timeout of 10 s: before, the record was a timeout 10-15 s later."""
+    start = time.perf_counter()
+    r, after = _requests(server, close, "plain", api=api)
+    took_s = time.perf_counter() - start
+    _closed_at_its_answer(server, r, after)
+    assert server.requests[-2]["path"] == (
+        "/v1/completions" if api == "completions" else "/v1/chat/completions"
+    )
+    errors_ms = _stamp_errors_ms(server, r)  # its figures: each chunk at its own arrival
+    assert all(-0.01 <= e < TOL_MS for e in errors_ms), errors_ms
+    assert r.ttft_ms >= TTFT_MS and len(r.itl_ms) == WORDS - 1
+    assert after.connect_ms is not None  # the open connection closed, a new one opened
+    assert took_s < 1.0, took_s  # both requests
+    print(
+        f"{close} ({api}): TTFT {r.ttft_ms:.1f} ms, e2e {r.e2e_ms:.1f} ms, stream_close "
+        f"{r.stream_close_ms:.1f} ms, two requests in {took_s * 1e3:.0f} ms (request_timeout_s 10)"
+    )
+
+
+@pytest.mark.parametrize("model", ["nodone", "open"])
+def test_the_openai_transport_ends_an_answer_left_open_too(server, model) -> None:
+    """The openai client's stream reads on to the body's end without ``[DONE]`` (with it, openai
+    3.x drains 0.1 s at most: openai-python #3440's fix); tasks.stream.grace ends it."""
+    start = time.perf_counter()
+    r, after = _requests(server, model, "plain", transport="openai")
+    took_s = time.perf_counter() - start
+    _closed_at_its_answer(server, r, after)
+    assert took_s < 2.0, took_s  # both requests, not request_timeout_s (10 s)
+    print(f"openai transport, {model}: e2e {r.e2e_ms:.1f} ms, stream_close {r.stream_close_ms:.1f} ms")
+
+
+def test_the_openai_transport_ends_a_responses_answer_left_open(server) -> None:
+    """No ``[DONE]`` in the Responses API: before, a timeout after ``request_timeout_s``."""
+    (r,) = _requests(server, "open", api="responses", transport="openai")
+    assert r.succeeded, r.error_message
+    assert r.output_tokens == WORDS and len(r.token_offsets_ms) == WORDS
+    assert r.stream_close_ms - r.e2e_ms < h1.END_GRACE_S * 1e3 + 100, (r.e2e_ms, r.stream_close_ms)
+    assert r.stream_close_ms < 1000, r.stream_close_ms  # not request_timeout_s (10 s)
+    print(f"openai transport, responses open: e2e {r.e2e_ms:.1f} ms, stream_close {r.stream_close_ms:.1f} ms")
+
+
+@pytest.mark.parametrize("transport", ["sse", "openai"])
+def test_a_usage_on_every_chunk_does_not_end_the_answer_before_its_finish(server, transport) -> None:
+    """vLLM's ``continuous_usage_stats``: a usage on every chunk, 30 ms apart (under the grace:
+    an answer ended at the first usage would lose the chunks after it); ``[DONE]`` 5 ms after the
+    final usage, in a read of its own, then the body's end: all read, the connection kept."""
+    r, after = _requests(server, "continuous", "plain", transport=transport)
+    assert r.succeeded and after.succeeded, (r.error_message, after.error_message)
+    assert r.output_text == "".join(f" w{i}" for i in range(WORDS)), r.output_text
+    assert len(r.token_offsets_ms) == WORDS and (r.output_tokens, r.output_tokens_source) == (WORDS, "usage")
+    assert r.e2e_ms >= TTFT_MS + (WORDS - 1) * GAP_MS
+    if transport == "sse":  # the openai client reads [DONE] and the end ~10 ms later: on 2 busy
+        first, second = server.requests[-2:]  # cores its grace may run out first (not an error)
+        assert second["connection"] == first["connection"]  # [DONE] and the body's end were read
+        assert r.stream_close_ms - r.e2e_ms < h1.END_GRACE_S * 1e3, (r.e2e_ms, r.stream_close_ms)

@@ -3,9 +3,11 @@ benchmark (tests/benchmarks/wire_bodies.py): exact bytes on a known schedule, as
 them through what stands in front of it: a body compressed per event (gzip / deflate with
 ``Z_SYNC_FLUSH``, brotli with its flush: a compressing proxy that flushes), in a coding the client
 does not read, an error's body compressed, a body never terminated after ``[DONE]`` (or terminated
-5 ms / 300 ms late), a redirect. Every text chunk is stamped with ``time.perf_counter_ns()`` just
-before its bytes go to the socket (CLOCK_MONOTONIC: one clock for all processes on Linux, so the
-client's ``send_ns`` and these stamps compare directly).
+5 ms / 300 ms late) or after the finish and usage without ``[DONE]``, a usage on every chunk
+(vLLM's ``continuous_usage_stats``), ``/completions`` text choices, a redirect. Every text chunk
+is stamped with ``time.perf_counter_ns()`` just before its bytes go to the socket
+(CLOCK_MONOTONIC: one clock for all processes on Linux, so the client's ``send_ns`` and these
+stamps compare directly).
 
     python tests/wire_server.py   # prints PORT <n>; serves until killed
 """
@@ -24,17 +26,35 @@ TTFT_MS, GAP_MS, WORDS = 40.0, 30.0, 6  # the schedule: first text at 40 ms, the
 OK_HEAD = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
 
 
-def chat_events(words: int = WORDS) -> list[bytes]:
-    """A chat stream's events: ``words`` text chunks, the finish, the usage, ``[DONE]``."""
-    chunks = [
-        {"choices": [{"index": 0, "delta": {"content": f" w{i}"}, "finish_reason": None}]}
-        for i in range(words)
-    ]
-    chunks.append({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
-    chunks.append(
-        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": words, "total_tokens": 3 + words}}
+def chat_events(
+    words: int = WORDS, usage: str = "last", done: bool = True, text: bool = False
+) -> list[bytes]:
+    """A chat stream's events: ``words`` text chunks, the finish, the usage, ``[DONE]`` (unless
+    ``done`` is False). ``usage``: ``"last"``, a usage-only chunk (``choices: []``) after the
+    finish (OpenAI's, vLLM's, SGLang's with ``include_usage``); ``"finish"``, on the finish chunk
+    itself and no usage-only chunk (llama.cpp's before its PR #16048); ``"every"``, a running
+    usage on every chunk as well (vLLM's ``continuous_usage_stats``). ``text``: ``/completions``
+    choices (``choices[].text``)."""
+
+    def choice(piece: str | None, finish: str | None) -> dict:
+        content = {"text": piece or ""} if text else {"delta": {"content": piece} if piece else {}}
+        return {"index": 0, **content, "finish_reason": finish}
+
+    def counts(n: int) -> dict:
+        return {"prompt_tokens": 3, "completion_tokens": n, "total_tokens": 3 + n}
+
+    chunks = [{"choices": [choice(f" w{i}", None)]} for i in range(words)]
+    chunks.append({"choices": [choice(None, "stop")]})
+    if usage == "every":
+        for i, chunk in enumerate(chunks):
+            chunk["usage"] = counts(min(i + 1, words))
+    if usage == "finish":
+        chunks[-1]["usage"] = counts(words)
+    else:
+        chunks.append({"choices": [], "usage": counts(words)})
+    return [b"data: %b\n\n" % json.dumps(c).encode() for c in chunks] + (
+        [b"data: [DONE]\n\n"] if done else []
     )
-    return [b"data: %b\n\n" % json.dumps(c).encode() for c in chunks] + [b"data: [DONE]\n\n"]
 
 
 def responses_events(words: int = WORDS) -> list[bytes]:
@@ -58,6 +78,15 @@ def compressor(coding: str):
 
 def _chunk(data: bytes) -> bytes:
     return b"%x\r\n%b\r\n" % (len(data), data) if data else b""
+
+
+#: Chat answers closed otherwise than by the usage-only chunk and ``[DONE]``: the model's name ->
+#: (:func:`chat_events`'s ``usage``, ``done``).
+_CLOSES = {
+    "nodone": ("last", False),  # the finish, the usage-only chunk, no [DONE]: body left open
+    "nodone_finish": ("finish", False),  # the usage on the finish chunk, no [DONE]: body left open
+    "continuous": ("every", False),  # usage on every chunk; [DONE] 5 ms after, then the body's end
+}
 
 
 class WireServer:
@@ -113,7 +142,7 @@ class WireServer:
                     k.strip().lower(): v.strip() for k, _, v in (x.partition(":") for x in lines[1:] if x)
                 }
                 body = json.loads(await reader.readexactly(int(headers["content-length"])))
-                prompt = body["input"] if "input" in body else body["messages"][-1]["content"]
+                prompt = body.get("input") or body.get("prompt") or body["messages"][-1]["content"]
                 path = lines[0].split(" ")[1]
                 self.requests.append(
                     {
@@ -151,7 +180,11 @@ class WireServer:
         name, _, rest = model.partition(":")
         words, _, gap = rest.partition(":")
         schedule = (received_ns, int(words or WORDS), float(gap or GAP_MS))
-        events = (responses_events if path.endswith("/responses") else chat_events)(schedule[1])
+        if path.endswith("/responses"):
+            events = responses_events(schedule[1])
+        else:  # the answer's close as the model names it: _CLOSES
+            usage, done = _CLOSES.get(name, ("last", True))
+            events = chat_events(schedule[1], usage, done, text=path.endswith("/v1/completions"))
         if name in ("gzip", "deflate", "deflate_raw", "br"):
             compress, finish = compressor(name)
             coding = "deflate" if name == "deflate_raw" else name
@@ -184,9 +217,15 @@ class WireServer:
             return True
         writer.write(f"{OK_HEAD}\r\n".encode())
         await self._events(prompt, events, schedule, writer, _chunk)
-        if model == "open":  # the answer whole, the body never terminated: open until the client goes
-            await reader.read()
+        if name in ("open", "nodone", "nodone_finish"):  # the answer whole, the body never
+            await reader.read()  # terminated: open until the client goes
             return False
+        if name == "continuous":  # [DONE] 5 ms after the usage, in a read of its own, then the end
+            await writer.drain()
+            await asyncio.sleep(0.005)
+            writer.write(_chunk(b"data: [DONE]\n\n"))
+            await writer.drain()
+            await asyncio.sleep(0.005)
         if model in ("late", "soon"):  # the terminating chunk 300 ms (5 ms) after the answer
             await writer.drain()
             await asyncio.sleep(0.3 if model == "late" else 0.005)

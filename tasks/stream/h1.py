@@ -11,11 +11,12 @@ body ends (a wake per read, or per drain of what reads buffered, cost more than 
 Scope (what the endpoints the client measures send): status 200 with a chunked,
 ``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; a body in
 a content coding (gzip, deflate, br: :mod:`tasks.stream.codings`) decoded read by read, with each
-read's stamps (the fast paths are for bodies as sent); an answer that ended (``[DONE]``) ends the
-request even where the body is never terminated (:meth:`Response.answered`); proxies are the
-pool's (:mod:`tasks.stream.proxy`); no upgrades, no redirects (a 3xx is the caller's error), no
-retries (a retried request would hide an error and stretch its latency). A malformed response raises :class:`ProtocolError`; a body in a
-coding it does not read or that does not decode, ``codings.EncodingError``; a connection lost
+read's stamps (the fast paths are for bodies as sent); an answer that ended (``[DONE]``, or the
+finish and usage that close it) ends the request even where the body is never terminated
+(:meth:`Response.answered`); proxies are the pool's (:mod:`tasks.stream.proxy`); no upgrades, no
+redirects (a 3xx is the caller's error), no retries (a retried request would hide an error and
+stretch its latency). A malformed response raises :class:`ProtocolError`; a body in a coding it
+does not read or that does not decode, ``codings.EncodingError``; a connection lost
 before the body's end, ``ConnectionError``; a body without bytes for its read bound,
 ``TimeoutError``. Standard library (and ``brotli``) only.
 """
@@ -75,7 +76,7 @@ class Response(asyncio.Protocol):
         self._head: asyncio.Future[None] | None = None
         self._sink: Sink | None = None
         self._fast: Sink | None = None  # the sink, where the fast paths may run (a body as sent)
-        self._grace: asyncio.TimerHandle | None = None  # the body's end awaited after the answer's
+        self._grace: Any = None  # after the answer's end (False), the timer awaiting the body's
         self._events: tuple[Any, Callable[[bytes, int, int | None], None]] | None = None  # consume's
         self._early: list[tuple[bytes, int, int | None]] = []  # body pieces before a sink came
         self._read_ns, self._rx_ns = 0, None  # the stamps of the read being framed
@@ -280,7 +281,7 @@ class Response(asyncio.Protocol):
             except (codings.EncodingError, _Refused) as exc:
                 self._fail(exc.args[0] if isinstance(exc, _Refused) else exc)
                 return
-        if self._grace is not None:
+        if self._grace:
             self._grace.cancel()
         self._state, self._ended = _IDLE, True
         self._wake()
@@ -351,14 +352,17 @@ class Response(asyncio.Protocol):
             raise self._error
 
     def answered(self) -> None:
-        """Called by the sink's reader when its answer ended (``[DONE]``; the Responses API's
-        ``response.completed`` / ``response.incomplete``): a body not ended :data:`END_GRACE_S`
+        """Called by the sink's reader when its answer ended (``[DONE]``; a usage after the
+        ``finish_reason``, as OpenAI, vLLM and SGLang close a stream with ``include_usage``; the
+        Responses API's ``response.completed`` / ``incomplete``): a body not ended :data:`END_GRACE_S`
         later is not awaited (a server or proxy keeping it open): :meth:`consume` returns, the
         request complete in the time of its answer, and the connection is not reused."""
-        asyncio.get_running_loop().call_soon(self._await_end, self._head)  # after this read's rest
+        if self._grace is None:  # once a response (its usage, then [DONE]): a call_soon less
+            self._grace = False
+            asyncio.get_running_loop().call_soon(self._await_end, self._head)  # after this read's rest
 
     def _await_end(self, head: asyncio.Future[None] | None) -> None:  # head: of the answer's response
-        if head is self._head and self._grace is None and self._state != _IDLE and self._error is None:
+        if head is self._head and self._grace is False and self._state != _IDLE and self._error is None:
             self._grace = asyncio.get_running_loop().call_later(END_GRACE_S, self._unterminated, head)
 
     def _unterminated(self, head: asyncio.Future[None] | None) -> None:

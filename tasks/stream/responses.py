@@ -23,7 +23,7 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   ``server``), as an error object inside a chat stream.
 - The request ends at ``response.completed`` / ``response.incomplete`` (or the error of
   ``response.failed``), even where the body is never terminated after it
-  (:meth:`tasks.stream.h1.Response.answered`).
+  (:meth:`tasks.stream.h1.Response.answered`; the openai client's: :mod:`tasks.stream.grace`).
 - A body that ends before ``response.completed`` or ``response.incomplete`` was cut, whatever
   it carried: ``stream_broken``, never a success (the class the chat transport gives a stream
   that ends without ``finish_reason``, usage or ``[DONE]``; vLLM PR #54628's review found a
@@ -40,6 +40,7 @@ import time
 from typing import Any
 
 from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
+from tasks.stream.grace import AnswerGrace
 from tasks.stream.pool import Pool
 from tasks.stream.sse import loads
 from tasks.stream.transports import _event_error, _shape_error, arrived, read_sse
@@ -253,28 +254,30 @@ async def receive_openai_responses(create: Any, kwargs: dict[str, Any], state: d
     stream = await create(**kwargs)
     state["in_stream"] = True
     try:
-        async for event in stream:
-            now_ns = perf()
-            state["chunks"] += 1
-            kind = getattr(event, "type", None)
-            if kind in TEXT_EVENTS:
-                text = getattr(event, "delta", None)
-                if isinstance(text, str) and text:
-                    arrivals.append(now_ns)
-                    parts.append(text)
-            elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
-                if _call_piece(kind, event, calls):
-                    arrivals.append(now_ns)
-                    parts.append("")
-            elif kind == _REFUSAL or kind == _REFUSAL_DONE:
-                text = _refused(kind, event, state)
-                if text:
-                    arrivals.append(now_ns)
-                    parts.append(text)
-            elif kind == _COMPLETED or kind == _INCOMPLETE:
-                _finish(kind, event, state)
-            elif kind == _FAILED or kind == "error":
-                raise _failure(kind, event)
+        async with AnswerGrace(state):  # a body left open after the answer: tasks.stream.grace
+            async for event in stream:
+                now_ns = perf()
+                state["chunks"] += 1
+                kind = getattr(event, "type", None)
+                if kind in TEXT_EVENTS:
+                    text = getattr(event, "delta", None)
+                    if isinstance(text, str) and text:
+                        arrivals.append(now_ns)
+                        parts.append(text)
+                elif kind == _ARGS_DELTA or kind == _ITEM_ADDED:
+                    if _call_piece(kind, event, calls):
+                        arrivals.append(now_ns)
+                        parts.append("")
+                elif kind == _REFUSAL or kind == _REFUSAL_DONE:
+                    text = _refused(kind, event, state)
+                    if text:
+                        arrivals.append(now_ns)
+                        parts.append(text)
+                elif kind == _COMPLETED or kind == _INCOMPLETE:
+                    _finish(kind, event, state)
+                    state["answered"]()  # its body's end awaited briefly, as h1 does
+                elif kind == _FAILED or kind == "error":
+                    raise _failure(kind, event)
     finally:
         await stream.close()
     if not state["done"]:

@@ -37,6 +37,7 @@ import orjson
 
 from tasks.stream import h1
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
+from tasks.stream.grace import AnswerGrace
 from tasks.stream.pool import Pool
 from tasks.stream.sse import SSEFramer, loads
 
@@ -63,7 +64,8 @@ def new_state() -> dict[str, Any]:
     ``finish_reason`` before; None: none sent). The final chunk's extras are read only on a
     chunk without choices or with a ``finish_reason``: never on every chunk. ``content_encoding``:
     the body's codings (``"gzip"``; None: as sent; :mod:`tasks.stream.codings`); ``answered``: what
-    a reader calls at its answer's end (``[DONE]``): :meth:`tasks.stream.h1.Response.answered`.
+    a reader calls at its answer's end (``[DONE]``, or a usage after the ``finish_reason``, on its
+    chunk or a later one): :meth:`tasks.stream.h1.Response.answered`, ``grace.AnswerGrace``'s.
     """
     return {
         "arrivals_ns": [],
@@ -337,6 +339,8 @@ def chat_events(state: dict[str, Any]) -> Callable[[bytes, int, int | None], Non
             state["timings"] = timings
         if usage:
             state["usage"] = usage
+            if state["finish_reason"] is not None:  # the answer's close: finish, then its usage
+                state["answered"]()  # (or both on one chunk): its end, as [DONE]'s (h1)
 
     return on_event
 
@@ -377,36 +381,39 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
     stream = await create(**kwargs)
     state["in_stream"] = True
     try:
-        async for chunk in stream:
-            now_ns = perf()
-            state["chunks"] += 1
-            choices = chunk.choices
-            if choices:
-                choice = choices[0]
-                delta = getattr(choice, "delta", None)  # a /completions choice has .text instead
-                text = delta.content if delta is not None else getattr(choice, "text", None)
-                if not text and delta is not None:
-                    extra = delta.model_extra
-                    if extra:
-                        text = extra.get("reasoning_content") or extra.get("reasoning")
-                    if not text and delta.refusal:  # ChoiceDelta.refusal, as chat_events reads it
-                        text = state["refusal"] = delta.refusal
-                if not isinstance(text, str):
-                    text = ""
-                called = bool(delta is not None and delta.tool_calls) and add_tool_calls(
-                    delta.tool_calls, state["tool_calls"]
-                )
-                if text or called:
-                    arrivals_ns.append(now_ns)
-                    parts.append(text)
-                if choice.finish_reason is not None:
-                    state["finish_reason"] = choice.finish_reason
+        async with AnswerGrace(state):  # the end of an answer without [DONE]: tasks.stream.grace
+            async for chunk in stream:
+                now_ns = perf()
+                state["chunks"] += 1
+                choices = chunk.choices
+                if choices:
+                    choice = choices[0]
+                    delta = getattr(choice, "delta", None)  # a /completions choice has .text instead
+                    text = delta.content if delta is not None else getattr(choice, "text", None)
+                    if not text and delta is not None:
+                        extra = delta.model_extra
+                        if extra:
+                            text = extra.get("reasoning_content") or extra.get("reasoning")
+                        if not text and delta.refusal:  # ChoiceDelta.refusal, as chat_events reads it
+                            text = state["refusal"] = delta.refusal
+                    if not isinstance(text, str):
+                        text = ""
+                    called = bool(delta is not None and delta.tool_calls) and add_tool_calls(
+                        delta.tool_calls, state["tool_calls"]
+                    )
+                    if text or called:
+                        arrivals_ns.append(now_ns)
+                        parts.append(text)
+                    if choice.finish_reason is not None:
+                        state["finish_reason"] = choice.finish_reason
+                        _keep_timings(chunk, state)
+                elif getattr(chunk, "object", None) == "error":
+                    raise _in_stream_error(chunk)
+                else:  # llama.cpp's final chunk, ``choices: []``
                     _keep_timings(chunk, state)
-            elif getattr(chunk, "object", None) == "error":
-                raise _in_stream_error(chunk)
-            else:  # llama.cpp's final chunk, ``choices: []``
-                _keep_timings(chunk, state)
-            if chunk.usage is not None:
-                state["usage"] = chunk.usage
+                if chunk.usage is not None:
+                    state["usage"] = chunk.usage
+                    if state["finish_reason"] is not None:  # as chat_events: the answer's close
+                        state["answered"]()
     finally:
         await stream.close()

@@ -59,11 +59,12 @@ from tasks.stream.errors import (
     server_died_message,
 )
 from tasks.stream.level_result import fill_cached_tokens, fill_output_tokens
+from tasks.stream.openai_reader import receive_openai
 from tasks.stream.pool import Pool
 from tasks.stream.records import RequestRecord
 from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
 from tasks.stream.timing import chunk_timing
-from tasks.stream.transports import new_state, receive_openai, receive_sse
+from tasks.stream.transports import new_state, receive_sse
 from tasks.stream.usage import read_usage
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.

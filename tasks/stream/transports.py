@@ -1,8 +1,8 @@
 """The receive loops of the two transports: one request's chunks -> the stream state.
 
 :func:`receive_sse` (the stream client's own HTTP/1.1, :mod:`tasks.stream.h1`, and SSE parser,
-behind :class:`tasks.stream.client.SSEClient`) and :func:`receive_openai` (the openai client's
-``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
+behind :class:`tasks.stream.client.SSEClient`) and
+:func:`tasks.stream.openai_reader.receive_openai` (the openai client's ``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
 (``time.perf_counter_ns()``) and texts of the text-carrying chunks, the final usage, the chunk
 count, the finish reason, and whether the stream was open. A text-carrying chunk is defined in
 :mod:`tasks.stream.client`'s docstring (for ``/completions``: a choice whose ``text`` is not
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -37,7 +36,6 @@ import orjson
 
 from tasks.stream import h1
 from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
-from tasks.stream.grace import AnswerGrace
 from tasks.stream.pool import Pool
 from tasks.stream.sse import SSEFramer, loads
 
@@ -124,14 +122,6 @@ def add_tool_calls(calls: Any, joined: dict[int, list[str]]) -> bool:
 def _shape_error(what: str, payload: bytes) -> StreamError:
     """A data line that is JSON but not a chat-completions chunk."""
     return StreamError(BAD_PAYLOAD, f"the server sent a chunk of the wrong shape ({what}): {payload[:120]!r}")
-
-
-def _in_stream_error(chunk: Any) -> StreamError:
-    """The error of a chunk that is an error object without an ``error`` key (vLLM's older
-    ``{"object": "error", "message": ...}``; ``{"error": {...}}`` is raised by the client)."""
-    extra = chunk.model_extra or {}
-    message = extra.get("message") or "the server sent an error object inside the stream"
-    return StreamError(SERVER, f"the server sent an error inside the stream: {message}")
 
 
 def _request_body(kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -360,60 +350,3 @@ async def receive_sse(
     it (:func:`chat_events`). Transport failures are raised as the openai client would raise them.
     """
     await read_sse(pool, url, headers, kwargs, state, timeout_s, chat_events(state))
-
-
-def _keep_timings(chunk: Any, state: dict[str, Any]) -> None:
-    """llama.cpp's ``timings`` of an openai-client chunk (an extra field) into ``state``."""
-    timings = (chunk.model_extra or {}).get("timings")
-    if timings is not None:
-        state["timings"] = timings
-
-
-async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, Any]) -> None:
-    """Send the request with the openai client and read its chunks into ``state``
-    (:func:`new_state`).
-
-    ``create``: the client's ``chat.completions.create``, resolved before the clock starts;
-    ``kwargs``: :func:`tasks.stream.client.build_request`'s.
-    """
-    arrivals_ns, parts = state["arrivals_ns"], state["parts"]
-    perf = time.perf_counter_ns
-    stream = await create(**kwargs)
-    state["in_stream"] = True
-    try:
-        async with AnswerGrace(state):  # the end of an answer without [DONE]: tasks.stream.grace
-            async for chunk in stream:
-                now_ns = perf()
-                state["chunks"] += 1
-                choices = chunk.choices
-                if choices:
-                    choice = choices[0]
-                    delta = getattr(choice, "delta", None)  # a /completions choice has .text instead
-                    text = delta.content if delta is not None else getattr(choice, "text", None)
-                    if not text and delta is not None:
-                        extra = delta.model_extra
-                        if extra:
-                            text = extra.get("reasoning_content") or extra.get("reasoning")
-                        if not text and delta.refusal:  # ChoiceDelta.refusal, as chat_events reads it
-                            text = state["refusal"] = delta.refusal
-                    if not isinstance(text, str):
-                        text = ""
-                    called = bool(delta is not None and delta.tool_calls) and add_tool_calls(
-                        delta.tool_calls, state["tool_calls"]
-                    )
-                    if text or called:
-                        arrivals_ns.append(now_ns)
-                        parts.append(text)
-                    if choice.finish_reason is not None:
-                        state["finish_reason"] = choice.finish_reason
-                        _keep_timings(chunk, state)
-                elif getattr(chunk, "object", None) == "error":
-                    raise _in_stream_error(chunk)
-                else:  # llama.cpp's final chunk, ``choices: []``
-                    _keep_timings(chunk, state)
-                if chunk.usage is not None:
-                    state["usage"] = chunk.usage
-                    if state["finish_reason"] is not None:  # as chat_events: the answer's close
-                        state["answered"]()
-    finally:
-        await stream.close()

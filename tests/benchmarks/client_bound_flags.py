@@ -66,13 +66,15 @@ def one_run(server: gt.GroundTruthServer, streams: int, gap_ms: float, hogs: int
                 "--max-tokens", str(CHUNKS), "--max-concurrency", str(streams),
                 "--num-requests", str(streams), "--warmup", "1", "--no-track", "--json", str(out),
             ]  # fmt: skip
-            subprocess.run(
+            done = subprocess.run(
                 command,
-                check=True,
                 stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                text=True,
                 env={**os.environ, "INFERMETER_WORK_DIR": tmp},
             )
+            if done.returncode != 0 or not out.exists():  # counted apart, said, not fatal
+                return {"failed": f"exit {done.returncode}: {done.stderr.strip()[-300:]}"}
             level = json.loads(out.read_text(encoding="utf-8"))["levels"][0]
     finally:
         for process in hog:
@@ -108,7 +110,7 @@ def main() -> None:
     parser.add_argument("--conditions", default="64,256,512,1024,256:10:2,512:10:1,64:3:3")
     parser.add_argument("--runs", type=int, default=20)
     args = parser.parse_args()
-    table = []
+    table, failed = [], {}
     with gt.serve() as server:
         for condition in args.conditions.split(","):
             streams, gap, hogs = (condition.split(":") + ["10", "0"])[:3] if ":" in condition else (
@@ -118,16 +120,20 @@ def main() -> None:
                 run = one_run(server, int(streams), float(gap), int(hogs))
                 runs.append(run)
                 print(condition, k, run, file=sys.stderr, flush=True)
-            table.append((int(streams), float(gap), int(hogs), runs))
+            table.append((int(streams), float(gap), int(hogs), [r for r in runs if "failed" not in r]))
+            failed[condition] = sum(1 for r in runs if "failed" in r)
     print(
         f"ITL error tolerance {TOLERANCE_MS} ms; false = flagged with ITL err p99 <= it, missed = not flagged over it"
     )
     print(
-        "| streams | gap ms | hogs | runs | ITL err p99 > 1 ms | ITL err p99 range (ms) | flagged | false "
+        "| streams | gap ms | hogs | runs (failed) | ITL err p99 > 1 ms | ITL err p99 range (ms) | flagged | false "
         "| missed | coalesced range | old rule: flagged | old false | old missed |"
     )
     print("| ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |")
-    for streams, gap, hogs, runs in table:
+    for (streams, gap, hogs, runs), key in zip(table, failed):
+        if not runs:
+            print(f"| {streams} | {gap:g} | {hogs} | 0 ({failed[key]}) | every run failed |")
+            continue
         p99s = [r["itl_p99"] for r in runs if r["itl_p99"] is not None]
         coal = [r["coalesced"] for r in runs if r["coalesced"] is not None]
         false = sum(1 for r in runs if r["bound"] and r["itl_p99"] <= TOLERANCE_MS)
@@ -136,7 +142,7 @@ def main() -> None:
         old_false = sum(1 for r, flag in zip(runs, old) if flag and r["itl_p99"] <= TOLERANCE_MS)
         old_missed = sum(1 for r, flag in zip(runs, old) if not flag and r["itl_p99"] > TOLERANCE_MS)
         print(
-            f"| {streams} | {gap:g} | {hogs} | {len(runs)} | {sum(1 for p in p99s if p > TOLERANCE_MS)} | "
+            f"| {streams} | {gap:g} | {hogs} | {len(runs)} ({failed[key]}) | {sum(1 for p in p99s if p > TOLERANCE_MS)} | "
             f"{min(p99s):.3f}-{max(p99s):.3f} | {sum(1 for r in runs if r['bound'])} | {false} | {missed} | "
             f"{min(coal, default=0):.4f}-{max(coal, default=0):.4f} | {sum(old)} | {old_false} | {old_missed} |"
         )

@@ -251,12 +251,8 @@ def _child(
         mark("client_process_started")
         out.put(("started", k))
         result = asyncrun.run(main())  # not asyncio.run: tasks.asyncrun
-        # the doubtful coalesced gaps are judged here, on this loop's own reads and probe: the
-        # parent's records mix loops, one's reads no evidence of another's (rxclock)
-        late = rxclock.late_coalesced_gaps(
-            result.measured, getattr(result.lag, "timeline", None), settings.lag_tolerance_ms
-        )
-        lag = {**result.lag, "coalesced_late_gaps": late}
+        # the doubtful coalesced gaps are judged here, on this loop's own reads and probe
+        lag = rxclock.judged_lag(result.lag, result.measured, settings.lag_tolerance_ms)
         done = {"lag": lag, "cpu_s": result.cpu_s, "offset_drift_ns": result.offset_drift_ns}
         out.put(("done", {**done, "last_done_ns": result.last_done_ns}))
     except BaseException as exc:  # the parent reports it; a record sent before stays kept

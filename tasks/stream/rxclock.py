@@ -287,3 +287,12 @@ def late_coalesced_gaps(
                     doubtful += n if i else n - 1
             before = user
     return doubtful
+
+
+def judged_lag(lag: Any, measured: Iterable[Any], tolerance_ms: float) -> dict[str, Any]:
+    """One event loop's loop-lag figures (``tasks.stream.lag.LagFigures``, a mapping) with its
+    ``coalesced_late_gaps`` (:func:`late_coalesced_gaps` of its own ``measured`` records and
+    probe samples) beside them: what a client process or a Dask worker ships to the level's
+    owner, whose records mix loops (one loop's reads are no evidence of another's)."""
+    late = late_coalesced_gaps(measured, getattr(lag, "timeline", None), tolerance_ms)
+    return {**lag, "coalesced_late_gaps": late}

@@ -117,6 +117,49 @@ def test_an_error_response_compressed_is_read_for_its_message(server) -> None:
     assert r.error_class == "server" and "the pool is overloaded" in r.error_message, r.error_message
 
 
+def test_an_error_response_labelled_gzip_but_sent_plain_keeps_its_status(server) -> None:
+    """A gateway's error page labelled ``Content-Encoding: gzip`` but sent as is: the 503 is the
+    error, its text as sent (it was ``bad_payload`` "does not decode", the 503 lost)."""
+    (r,) = _requests(server, "plain_503_said_gzip")
+    assert r.error_class == "server", (r.error_class, r.error_message)
+    assert "503" in r.error_message and "the pool is overloaded" in r.error_message, r.error_message
+
+
+def test_zero_padding_after_a_gzip_body_is_ignored(server) -> None:
+    """Zeros after the gzip member (Python's gzip module skips them; urllib3 ignores trailing
+    bytes): the answer, whole before them, is a success (it was ``bad_payload`` "incorrect header
+    check" after every chunk had arrived)."""
+    (r,) = _requests(server, "gzip_padded")
+    assert r.succeeded, r.error_message
+    assert r.content_encoding == "gzip" and r.output_text == "".join(f" w{i}" for i in range(WORDS))
+    assert (r.output_tokens, r.output_tokens_source) == (WORDS, "usage")
+
+
+def test_gzip_trailing_bytes_are_ignored_but_a_broken_member_raises() -> None:
+    text = b"".join(chat_events())
+    member = zlib.compress(text, wbits=31)
+    for tail in (b"\0" * 8, b"<!-- cache -->"):
+        wire = member + tail
+        for step in (1, len(wire)):
+            _, decoder = codings.decoder_for("gzip")
+            out = b"".join(decoder.decompress(wire[i : i + step]) for i in range(0, len(wire), step))
+            assert out + decoder.flush() == text, (tail, step)
+    # a second member that starts (its magic) and then breaks is no padding
+    _, decoder = codings.decoder_for("gzip")
+    with pytest.raises(codings.EncodingError, match="does not decode"):
+        decoder.decompress(member + b"\x1f\x8b\x08\xffbroken member")
+    # the first member's bytes broken: raised, never read as trailing
+    _, decoder = codings.decoder_for("gzip")
+    with pytest.raises(codings.EncodingError, match="does not decode"):
+        decoder.decompress(b"data: sent as is\n\n")
+    # an error's body (unread_raises False): bytes not of the coding named are handed on as sent
+    for body in (b'{"error": "as sent"}', zlib.compress(b'{"error": "as sent"}', wbits=31)):
+        for step in (1, len(body)):
+            _, decoder = codings.decoder_for("gzip", unread_raises=False)
+            out = b"".join(decoder.decompress(body[i : i + step]) for i in range(0, len(body), step))
+            assert out + decoder.flush() == b'{"error": "as sent"}', (body, step)
+
+
 def test_codings_decode_a_body_split_at_every_byte() -> None:
     text = b"".join(chat_events())
     for coding, name in (("gzip", "gzip"), ("deflate", "deflate"), ("deflate_raw", "deflate"), ("br", "br")):

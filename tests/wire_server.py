@@ -185,12 +185,13 @@ class WireServer:
         else:  # the answer's close as the model names it: _CLOSES
             usage, done = _CLOSES.get(name, ("last", True))
             events = chat_events(schedule[1], usage, done, text=path.endswith("/v1/completions"))
-        if name in ("gzip", "deflate", "deflate_raw", "br"):
-            compress, finish = compressor(name)
-            coding = "deflate" if name == "deflate_raw" else name
+        if name in ("gzip", "deflate", "deflate_raw", "br", "gzip_padded"):
+            compress, finish = compressor(name.removesuffix("_padded"))
+            coding = {"deflate_raw": "deflate", "gzip_padded": "gzip"}.get(name, name)
             writer.write(f"{OK_HEAD}Content-Encoding: {coding}\r\n\r\n".encode())
             await self._events(prompt, events, schedule, writer, lambda e: _chunk(compress(e)))
-            writer.write(_chunk(finish()) + b"0\r\n\r\n")
+            padding = b"\0" * 8 if name == "gzip_padded" else b""  # after the member: gzip(1) skips
+            writer.write(_chunk(finish() + padding) + b"0\r\n\r\n")
             return True
         if model == "zstd":  # a coding this client does not read (zstd's magic number, then bytes)
             writer.write(
@@ -200,6 +201,13 @@ class WireServer:
             return True
         if model == "gzip_503":  # an error's body compressed: its message still read
             body = zlib.compress(b'{"error": {"message": "the pool is overloaded"}}', wbits=31)
+            writer.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
+            )
+            return True
+        if model == "plain_503_said_gzip":  # an error page labelled gzip but sent as is
+            body = b'{"error": {"message": "the pool is overloaded"}}'
             writer.write(
                 b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
                 b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)

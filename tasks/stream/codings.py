@@ -52,24 +52,40 @@ def _broken(coding: str, exc: Exception) -> EncodingError:
 
 
 class _Gzip:
-    """gzip (RFC 1952), members one after another (a proxy may start a new one per flush)."""
+    """gzip (RFC 1952), members one after another (a proxy may start a new one per flush).
+    Bytes after a whole member that do not start another (no ``1f 8b`` magic: zero padding,
+    trailing garbage) are ignored, as urllib3's ``GzipDecoder`` ignores them ("trailing garbage
+    acceptable in other gzip clients") and Python's ``gzip`` module skips zero padding: the
+    answer before them arrived whole. A member that starts and then breaks still raises."""
 
-    __slots__ = ("_obj",)
+    __slots__ = ("_obj", "_started", "_trailing")
 
     def __init__(self) -> None:
         self._obj = zlib.decompressobj(16 + zlib.MAX_WBITS)
+        self._started: bytes | None = None  # a later member's first bytes (up to 2); None: the first
+        self._trailing = False  # bytes after the last member that start none: the rest ignored
 
     def decompress(self, data: bytes) -> bytes:
+        if self._trailing:
+            return b""
+        out = b""
         try:
+            if self._started is not None and len(self._started) < 2:
+                self._started += data[: 2 - len(self._started)]
             out = self._obj.decompress(data)
             while self._obj.eof and self._obj.unused_data:
                 rest, self._obj = self._obj.unused_data, zlib.decompressobj(16 + zlib.MAX_WBITS)
+                self._started = rest[:2]
                 out += self._obj.decompress(rest)
         except zlib.error as exc:
-            raise _broken("gzip", exc) from None
+            if self._started is None or b"\x1f\x8b".startswith(self._started):
+                raise _broken("gzip", exc) from None
+            self._trailing = True
         return out
 
     def flush(self) -> bytes:
+        if self._trailing:
+            return b""
         try:
             return self._obj.flush()
         except zlib.error as exc:
@@ -145,6 +161,43 @@ class _Chain:
         return data
 
 
+class _AsSentOnError:
+    """An error response's decoder (read for its message only): bytes that do not decode in the
+    coding named (a gateway labelling a plain error page ``gzip``) are handed on as sent, so the
+    response's status stays its error (``bad_payload`` would hide a 503 behind the label)."""
+
+    __slots__ = ("_decoder", "_held", "_failed")
+
+    def __init__(self, decoder: Decoder) -> None:
+        self._decoder = decoder
+        self._held: bytes | None = b""  # the bytes so far while nothing decoded; None after
+        self._failed = False
+
+    def decompress(self, data: bytes) -> bytes:
+        if self._failed:
+            return data
+        if self._held is not None:
+            self._held += data
+        try:
+            out = self._decoder.decompress(data)
+        except EncodingError:
+            self._failed = True
+            held, self._held = self._held, None
+            return data if held is None else held
+        if out:
+            self._held = None
+        return out
+
+    def flush(self) -> bytes:
+        if self._failed:
+            return b""
+        try:
+            return self._decoder.flush()
+        except EncodingError:
+            self._failed = True
+            return self._held or b""
+
+
 class _Unread:
     """A coding this client does not read: the body's first bytes (or its end) raise."""
 
@@ -170,7 +223,9 @@ def decoder_for(content_encoding: str, unread_raises: bool = True) -> tuple[str 
     sent with ``Content-Encoding: content_encoding`` (None: the body is as sent). A coding this
     client does not read gives a decoder that raises :class:`EncodingError` naming it at the
     body's first bytes or its end (the head is read: an error status stays the error), or with
-    ``unread_raises`` False (an error response's body, read for its message) None."""
+    ``unread_raises`` False (an error response's body, read for its message) None; with
+    ``unread_raises`` False a body that does not decode in the coding named is handed on as
+    sent, never raising (:class:`_AsSentOnError`)."""
     codings = [c.strip().lower() for c in content_encoding.split(",")]
     codings = [c for c in codings if c and c != "identity"]
     if not codings:
@@ -189,4 +244,5 @@ def decoder_for(content_encoding: str, unread_raises: bool = True) -> tuple[str 
             )
         )
     decoders: list[Decoder] = [_DECODERS[c]() for c in codings]
-    return name, decoders[0] if len(decoders) == 1 else _Chain(decoders)
+    decoder = decoders[0] if len(decoders) == 1 else _Chain(decoders)
+    return name, decoder if unread_raises else _AsSentOnError(decoder)

@@ -113,36 +113,40 @@ def check_reachable(base_url: str, timeout_s: float = 5.0, ca_bundle: str | None
     except OSError as exc:
         reason = exc.strerror or str(exc) or type(exc).__name__
         fix = "start the server or fix the URL" if proxy is None else f"check {proxy.variable}"
-        raise PreflightError(
-            "base_url", f"nothing accepts connections at {where} ({reason}); {fix}"
-        ) from None
+        # a proxy that took the connection and dropped it listens: it is no proxy that tunnels
+        dropped = proxy and isinstance(exc, ConnectionError) and not isinstance(exc, ConnectionRefusedError)
+        said = "{} took the connection and closed it" if dropped else "nothing accepts connections at {}"
+        raise PreflightError("base_url", f"{said.format(where)} ({reason}); {fix}") from None
     with sock:
         if url.scheme == "https":
-            _check_tls(sock, host, port, ca_bundle, timeout_s)
+            _check_tls(sock, host, port, ca_bundle, timeout_s, proxy)
 
 
-def _check_tls(sock: socket.socket, host: str, port: int, ca_bundle: str | None, timeout_s: float) -> None:
-    """A TLS handshake on ``sock`` (to ``host``, directly or tunnelled) with the run's context.
+def _check_tls(
+    sock: socket.socket, host: str, port: int, ca_bundle: str | None, timeout_s: float, proxy: Any = None
+) -> None:
+    """A TLS handshake on ``sock`` (to ``host``; tunnelled through ``proxy``) with the run's context.
 
     Raises:
         PreflightError: (``ca_bundle``) the certificate is not trusted or not ``host``'s;
-            (``base_url``) the handshake fails otherwise (not a TLS server).
+            (``base_url``) the handshake fails otherwise (not a TLS server, or a proxy that
+            closed the tunnel).
     """
     sock.settimeout(timeout_s)
     try:
         with proxies.tls_context(ca_bundle).wrap_socket(sock, server_hostname=host):
             return
     except ssl.SSLCertVerificationError as exc:
-        trust = f"the CA bundle {ca_bundle}" if ca_bundle else "the system store (nor SSL_CERT_FILE)"
         raise PreflightError(
             "ca_bundle",
-            f"{host}:{port}'s certificate is not trusted by {trust} ({exc.verify_message}); give "
-            "the PEM file of the CA that signed it (or set SSL_CERT_FILE to it)",
+            f"{host}:{port}'s certificate is not trusted by {proxies.trusted(ca_bundle)} "
+            f"({exc.verify_message}); give the PEM file of the CA that signed it (or set SSL_CERT_FILE to it)",
         ) from None
     except (ssl.SSLError, OSError) as exc:
+        through = f" through the proxy {proxy} (from {proxy.variable}), which tunnelled," if proxy else ""
         raise PreflightError(
             "base_url",
-            f"the TLS handshake with {host}:{port} failed ({exc}); is it an https server? "
+            f"the TLS handshake with {host}:{port}{through} failed ({exc}); is it an https server? "
             "(an http one: write http://)",
         ) from None
 
@@ -237,6 +241,8 @@ def check_endpoint(
     base = base_url.rstrip("/")
     check_reachable(base, min(timeout_s, 5.0), ca_bundle)
     status, body = _call(base, "models", key, None, timeout_s, ca_bundle)
+    if status == 407 and (proxy := proxies.proxy_for(base)):  # forwarded (https: check_reachable's)
+        raise PreflightError("base_url", proxies.refusal(proxy, 407, "Proxy Authentication Required", base))
     if status in (401, 403):
         raise _key_error(status, body, key_env, key)
     served = _served_models(body) if status == 200 else None

@@ -16,8 +16,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -280,12 +282,72 @@ def test_proxy_credentials_are_sent_and_never_shown(env, tls_instrument, plain_i
         with pytest.raises(PreflightError) as failed:
             check_endpoint(_url(tls_instrument), "ticks:3:5", None, None, ca_bundle=ca[0])
         assert "407 Proxy Authentication Required" in failed.value.message
+        # http, forwarded: the proxy's 407 to the model list stops the pre-flight too (it passed,
+        # and every request of the run failed with the same 407)
+        with pytest.raises(PreflightError) as forwarded:
+            check_endpoint(_url(plain_instrument), "ticks:3:5", None, None)
+        assert forwarded.value.setting == "base_url" and forwarded.value.message == (
+            f"the proxy {guarded.plain_url} (from HTTP_PROXY) answered 407 Proxy Authentication Required "
+            f"to {_url(plain_instrument)}: the credentials in its URL were refused; check them"
+        )
+        env(HTTP_PROXY=guarded.plain_url)
+        with pytest.raises(
+            PreflightError, match=r"\(from HTTP_PROXY\) answered 407 .*: it asks for credentials"
+        ):
+            check_endpoint(_url(plain_instrument), "ticks:3:5", None, None)
         shown = (
             json.dumps([r.to_json() for r in ok + refused])
             + failed.value.line()
+            + forwarded.value.line()
             + "".join(capfd.readouterr())
         )
         assert secret not in shown and "nope-pw" not in shown and "alice" not in shown
+
+
+def test_the_preflight_names_a_proxy_that_drops_the_tunnel_and_an_ssl_cert_file_that_is_no_file(
+    env, proxy, tls_instrument, tmp_path, monkeypatch
+):
+    """A "proxy" that takes the connection and closes it was "nothing accepts connections"; a
+    tunnel to a server that speaks no TLS did not say it went through the proxy; an
+    ``SSL_CERT_FILE`` naming no file (OpenSSL ignores it without a word) was not named."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def drop() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except OSError:  # the listener closed: the test is over
+                return
+            connection.recv(4096)
+            connection.close()
+
+    threading.Thread(target=drop, daemon=True).start()
+    port = listener.getsockname()[1]
+    try:
+        dropper = f"http://127.0.0.1:{port}"
+        env(HTTPS_PROXY=dropper)
+        with pytest.raises(PreflightError) as dropped:
+            check_endpoint(_url(tls_instrument), "ticks:3:5", None, None)
+        assert dropped.value.message.startswith(
+            f"the proxy {dropper} (from HTTPS_PROXY) took the connection and closed it ("
+        ) and dropped.value.message.endswith("; check HTTPS_PROXY"), dropped.value.message
+        env(HTTPS_PROXY=proxy.url)  # a tunnel granted, to a server that drops the TLS hello
+        with pytest.raises(PreflightError) as no_tls:
+            check_endpoint(f"https://{NAME}:{port}/v1", "ticks:3:5", None, None)
+        assert no_tls.value.setting == "base_url" and (
+            f"the TLS handshake with {NAME}:{port} through the proxy {proxy.plain_url} "
+            "(from HTTPS_PROXY), which tunnelled, failed (" in no_tls.value.message
+        ), no_tls.value.message
+    finally:
+        listener.close()
+    missing = tmp_path / "no-such-ca.pem"
+    monkeypatch.setenv("SSL_CERT_FILE", str(missing))
+    with pytest.raises(PreflightError) as untrusted:
+        check_endpoint(_url(tls_instrument), "ticks:3:5", None, None)
+    assert untrusted.value.setting == "ca_bundle"
+    assert f"not trusted by the system store (SSL_CERT_FILE={missing} is no file: OpenSSL ignored it)" in (
+        untrusted.value.message
+    )
 
 
 def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):

@@ -56,7 +56,9 @@ __all__ = [
     "httpx_routing",
     "is_loopback",
     "proxy_for",
+    "refusal",
     "tls_context",
+    "trusted",
     "tunnel",
     "tunnel_sync",
 ]
@@ -249,7 +251,14 @@ def _answer(head: bytes, proxy: Proxy, host: str, port: int) -> None:
     status = int(parts[1])
     if 200 <= status < 300:
         return
-    reason = f"{status} {parts[2] if len(parts) > 2 else ''}".strip()
+    reason = parts[2] if len(parts) > 2 else ""
+    raise ProxyError(refusal(proxy, status, reason, f"CONNECT {_authority(host, port)}"), status)
+
+
+def refusal(proxy: Proxy, status: int, reason: str, asked: str) -> str:
+    """The message for ``proxy``'s refusal (``status``, ``reason``) of ``asked`` (``CONNECT
+    host:port``, or a forwarded request's URL), with the fix: for a 407, its credentials (never
+    shown); else that it could not or would not reach the endpoint."""
     if status == 407:
         fix = (
             "the credentials in its URL were refused; check them"
@@ -257,12 +266,9 @@ def _answer(head: bytes, proxy: Proxy, host: str, port: int) -> None:
             else f"it asks for credentials: put them in {proxy.variable} (http://user:password@host:port)"
         )
     else:
-        fix = f"the proxy could not or would not reach {_authority(host, port)}"
-    raise ProxyError(
-        f"the proxy {proxy} (from {proxy.variable}) answered {reason} to CONNECT "
-        f"{_authority(host, port)}: {fix}",
-        status,
-    )
+        fix = f"the proxy could not or would not reach {asked.removeprefix('CONNECT ')}"
+    said = f"{status} {reason}".strip()
+    return f"the proxy {proxy} (from {proxy.variable}) answered {said} to {asked}: {fix}"
 
 
 async def tunnel(sock: socket.socket, proxy: Proxy, host: str, port: int) -> None:
@@ -313,6 +319,19 @@ def tunnel_sync(proxy: Proxy, host: str, port: int, timeout_s: float) -> socket.
         sock.close()
         raise
     return sock
+
+
+def trusted(ca_bundle: str | os.PathLike[str] | None = None) -> str:
+    """What :func:`tls_context` trusts, for a message: the bundle, else the system store or
+    ``SSL_CERT_FILE``, saying when that names no file (OpenSSL ignores it without a word)."""
+    if ca_bundle:
+        return f"the CA bundle {os.fspath(ca_bundle)}"
+    cert_file = os.environ.get("SSL_CERT_FILE")
+    if not cert_file:
+        return "the system store (SSL_CERT_FILE is not set)"
+    if not os.path.isfile(cert_file):
+        return f"the system store (SSL_CERT_FILE={cert_file} is no file: OpenSSL ignored it)"
+    return f"SSL_CERT_FILE={cert_file}"
 
 
 def tls_context(ca_bundle: str | os.PathLike[str] | None = None) -> ssl.SSLContext:

@@ -87,9 +87,10 @@ def parse_task_runner(text: str | None) -> DaskChoice | None:
         ValueError: anything else, e.g. ``dask:abc``, ``dask:0``, ``dask:-1`` (one line quoting
             ``text`` and naming the accepted forms, :data:`FORMS`; a host without a port is
             given its likely meaning, ``dask:tcp://abc:8786``, Dask's default port)."""
-    if text is None or text == "threads":
+    if text is None or text.strip() == "threads":
         return None
-    kind, sep, rest = text.partition(":")
+    kind, sep, rest = text.strip().partition(":")
+    rest = rest.strip()  # "dask: 2" (a space after the colon, as YAML writes one): dask:2
     if kind != "dask" or (sep and not rest):
         raise ValueError(f"{text!r} is not a task runner: {FORMS}")
     if not rest:
@@ -199,12 +200,13 @@ def _dask_handshake(host: str, port: int, *, read: bool) -> bytes | None:
 
 
 def validate(text: str) -> str:
-    """The config's validator: ``text`` unchanged when :func:`parse_task_runner` reads it.
+    """The config's validator: ``text`` without surrounding blanks when :func:`parse_task_runner`
+    reads it (``threads `` is ``threads`` wherever it is compared).
 
     Raises:
         ValueError: it does not (pydantic reports it under the field's name)."""
     parse_task_runner(text)
-    return text
+    return text.strip()
 
 
 #: The config field (``sweep.task_runner``, ``profile.task_runner``): validated by :func:`validate`.

@@ -34,7 +34,7 @@ import pytest
 from tasks.engines.server import free_port
 from tasks.stream import dask_wire
 from tasks.stream.dask_wire import Link, _Wire
-from tasks.taskrunner import CONNECT_TIMEOUT_S, check_task_runner
+from tasks.taskrunner import CONNECT_TIMEOUT_S, DaskChoice, check_task_runner, validate
 
 try:
     from tests.dask_cluster import outside_cluster
@@ -340,6 +340,11 @@ def test_a_dask_address_that_is_no_scheduler_is_named_with_what_the_user_wrote(i
         with pytest.raises(ValueError) as caught:
             check_task_runner(text)
         assert needle in str(caught.value) and str(caught.value).startswith(repr(text)), str(caught.value)
+    # blanks around the value or after the colon (YAML's "dask: 2" habit) are no host: it was
+    # "did you mean dask:tcp:// 2:8786?"; "threads " was read as a Dask runner by the config
+    assert check_task_runner("dask: 2") == DaskChoice(workers=2)
+    assert check_task_runner(" dask:3 ") == DaskChoice(workers=3)
+    assert check_task_runner("threads ") is None and validate(" threads ") == "threads"
     refused = f"dask:127.0.0.1:{free_port()}"
     with pytest.raises(
         ValueError, match=r"\(Connection refused\); " + fix.replace("(", r"\(").replace(")", r"\)")

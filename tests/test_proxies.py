@@ -357,6 +357,8 @@ def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
 
     with pytest.raises(ValidationError, match=r"ca_bundle\n.*no file at .*absent\.pem"):
         EndpointConfig(ca_bundle=tmp_path / "absent.pem")
+    with pytest.raises(ValidationError, match=r"ca_bundle\n.* is a folder; .*SSL_CERT_DIR=PATH"):
+        EndpointConfig(ca_bundle=tmp_path)  # it said "no file at" the folder
     result = subprocess.run(
         [str(BIN), "stream", "--base-url", "https://x.example/v1", "--model", "m"]
         + ["--ca-bundle", str(tmp_path / "absent.pem"), "--no-track"],

@@ -170,6 +170,11 @@ class EndpointConfig(_Strict):
     def _ca_file(cls, value: Path | None) -> Path | None:
         if value is not None:
             value = value.expanduser()
+            if value.is_dir():  # OpenSSL reads a folder only as hashed names (c_rehash), not as a bundle
+                raise ValueError(
+                    f"{value} is a folder; give the PEM file of the endpoint's CA certificates (a folder "
+                    "of hashed certificates: SSL_CERT_DIR=PATH in the environment)"
+                )
             if not value.is_file():
                 raise ValueError(f"no file at {value}; give the PEM file of the endpoint's CA certificates")
             import ssl

@@ -128,7 +128,7 @@ def _check_tls(
     """A TLS handshake on ``sock`` (to ``host``; tunnelled through ``proxy``) with the run's context.
 
     Raises:
-        PreflightError: (``ca_bundle``) the certificate is not trusted or not ``host``'s;
+        PreflightError: (``ca_bundle``) the certificate is not trusted; (``base_url``) not ``host``'s;
             (``base_url``) the handshake fails otherwise (not a TLS server, or a proxy that
             closed the tunnel).
     """
@@ -136,12 +136,8 @@ def _check_tls(
     try:
         with proxies.tls_context(ca_bundle).wrap_socket(sock, server_hostname=host):
             return
-    except ssl.SSLCertVerificationError as exc:
-        raise PreflightError(
-            "ca_bundle",
-            f"{host}:{port}'s certificate is not trusted by {proxies.trusted(ca_bundle)} "
-            f"({exc.verify_message}); give the PEM file of the CA that signed it (or set SSL_CERT_FILE to it)",
-        ) from None
+    except ssl.SSLCertVerificationError as exc:  # untrusted (ca_bundle), or another host's (base_url)
+        raise PreflightError(*proxies.certificate_refused(host, port, ca_bundle, exc)) from None
     except (ssl.SSLError, OSError) as exc:
         through = f" through the proxy {proxy} (from {proxy.variable}), which tunnelled," if proxy else ""
         raise PreflightError(

@@ -70,7 +70,9 @@ def plain_instrument():
 
 @pytest.fixture(scope="module")
 def proxy():
-    with http_proxy.serve(names={NAME: "127.0.0.1"}, deny=("denied.test",)) as handle:
+    with http_proxy.serve(
+        names={NAME: "127.0.0.1", "other.test": "127.0.0.1"}, deny=("denied.test",)
+    ) as handle:
         yield handle
 
 
@@ -304,12 +306,13 @@ def test_proxy_credentials_are_sent_and_never_shown(env, tls_instrument, plain_i
         assert secret not in shown and "nope-pw" not in shown and "alice" not in shown
 
 
-def test_the_preflight_names_a_proxy_that_drops_the_tunnel_and_an_ssl_cert_file_that_is_no_file(
-    env, proxy, tls_instrument, tmp_path, monkeypatch
+def test_the_preflight_names_a_dropped_tunnel_another_hosts_certificate_and_a_missing_ssl_cert_file(
+    env, proxy, tls_instrument, ca, tmp_path, monkeypatch
 ):
     """A "proxy" that takes the connection and closes it was "nothing accepts connections"; a
     tunnel to a server that speaks no TLS did not say it went through the proxy; an
-    ``SSL_CERT_FILE`` naming no file (OpenSSL ignores it without a word) was not named."""
+    ``SSL_CERT_FILE`` naming no file (OpenSSL ignores it without a word) was not named; a trusted
+    certificate for another name was blamed on the CA bundle."""
     listener = socket.create_server(("127.0.0.1", 0))
 
     def drop() -> None:
@@ -340,6 +343,15 @@ def test_the_preflight_names_a_proxy_that_drops_the_tunnel_and_an_ssl_cert_file_
         ), no_tls.value.message
     finally:
         listener.close()
+    # a certificate from the trusted CA, for another name: the URL's host is the fix, not a CA
+    env(HTTPS_PROXY=proxy.url)
+    with pytest.raises(PreflightError) as other:
+        check_endpoint(
+            f"https://other.test:{tls_instrument.port}/v1", "ticks:3:5", None, None, ca_bundle=ca[0]
+        )
+    assert other.value.setting == "base_url" and other.value.message.startswith(
+        f"other.test:{tls_instrument.port}'s certificate does not name other.test (Hostname mismatch"
+    ), other.value.message
     missing = tmp_path / "no-such-ca.pem"
     monkeypatch.setenv("SSL_CERT_FILE", str(missing))
     with pytest.raises(PreflightError) as untrusted:

@@ -52,6 +52,7 @@ __all__ = [
     "Proxy",
     "ProxyError",
     "bypassed",
+    "certificate_refused",
     "connect_head",
     "httpx_routing",
     "is_loopback",
@@ -332,6 +333,28 @@ def trusted(ca_bundle: str | os.PathLike[str] | None = None) -> str:
     if not os.path.isfile(cert_file):
         return f"the system store (SSL_CERT_FILE={cert_file} is no file: OpenSSL ignored it)"
     return f"SSL_CERT_FILE={cert_file}"
+
+
+#: OpenSSL's verify codes for a certificate that is trusted but names another host or address
+#: (``X509_V_ERR_HOSTNAME_MISMATCH``, ``X509_V_ERR_IP_ADDRESS_MISMATCH``: openssl/x509_vfy.h).
+NAME_MISMATCH_CODES = (62, 64)
+
+
+def certificate_refused(
+    host: str, port: int, ca_bundle: str | os.PathLike[str] | None, exc: ssl.SSLCertVerificationError
+) -> tuple[str, str]:
+    """``(the setting to blame, the message)`` for a certificate the TLS context refused: one that
+    names another host blames ``base_url`` (a CA bundle would not help), any other ``ca_bundle``
+    (:func:`trusted` says what was trusted)."""
+    if exc.verify_code in NAME_MISMATCH_CODES:
+        return "base_url", (
+            f"{host}:{port}'s certificate does not name {host} ({exc.verify_message}): its CA is "
+            "trusted; address the endpoint by a name (or address) its certificate holds"
+        )
+    return "ca_bundle", (
+        f"{host}:{port}'s certificate is not trusted by {trusted(ca_bundle)} ({exc.verify_message}); "
+        "give the PEM file of the CA that signed it (or set SSL_CERT_FILE to it)"
+    )
 
 
 def tls_context(ca_bundle: str | os.PathLike[str] | None = None) -> ssl.SSLContext:

@@ -158,6 +158,11 @@ def test_the_rule_reads_both_spellings_no_proxy_and_never_proxies_loopback():
     with pytest.raises(ProxyError, match=r"^https_proxy=socks5://h:1080: only http:// proxies") as socks:
         proxy_for("https://x.example/v1", {"https_proxy": "socks5://me:pw@h:1080"})
     assert "pw" not in str(socks.value)
+    for port in ("99999", "abc"):  # 99999 was "not a number"
+        with pytest.raises(
+            ProxyError, match=rf"^HTTP_PROXY=http://p:{port}: the port is not a number from 0 to"
+        ):
+            proxy_for("http://x.example/v1", {"HTTP_PROXY": f"p:{port}"})
 
 
 @pytest.mark.parametrize("transport", ["sse", "openai"])

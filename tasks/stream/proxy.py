@@ -189,7 +189,7 @@ def _parse(value: str, variable: str) -> Proxy:
     try:
         port = url.port or 80
     except ValueError:
-        raise ProxyError(f"{variable}={shown}: the port is not a number") from None
+        raise ProxyError(f"{variable}={shown}: the port is not a number from 0 to 65535") from None
     if not url.hostname:
         raise ProxyError(f"{variable}={shown}: no proxy host; write it like http://proxy:3128")
     authorization = None

@@ -388,6 +388,17 @@ def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
     assert len(lines) == 1 and lines[0].startswith("error: --ca-bundle: ") and "no file at" in lines[0], (
         result.stderr
     )
+    # --help says the bundle replaces the system store, and which variables route the endpoint
+    shown = subprocess.run(
+        [str(BIN), "stream", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "COLUMNS": "300"},
+    ).stdout
+    said = " ".join(line.strip("│ ") for line in shown.splitlines() if "│" in line)
+    assert "trusted instead of the system store (as curl's --cacert)" in said, said
+    assert "HTTPS_PROXY / HTTP_PROXY unless NO_PROXY names it" in said
 
 
 def test_the_command_sends_its_own_loopback_calls_direct(env, proxy, tls_instrument, ca, tmp_path):

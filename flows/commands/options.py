@@ -18,7 +18,9 @@ CaBundleOption = Annotated[
     Optional[Path],
     typer.Option(
         help="PEM file of the CA certificates that sign an https endpoint's certificate (a private "
-        "CA); default: the system store, or SSL_CERT_FILE."
+        "CA), trusted instead of the system store (as curl's --cacert); default: the system store, "
+        "or SSL_CERT_FILE. The endpoint is reached through HTTPS_PROXY / HTTP_PROXY unless "
+        "NO_PROXY names it (never for 127.0.0.1 and localhost)."
     ),
 ]
 TokenizerOption = Annotated[

@@ -35,7 +35,7 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
 from tasks.preflight import PreflightError, check_endpoint
 from tasks.stream.client import stream_chat
 from tasks.stream.load import make_client
-from tasks.stream.proxy import ProxyError, bypassed, is_loopback, proxy_for
+from tasks.stream.proxy import ProxyError, bypassed, is_loopback, proxy_for, tls_context
 
 BIN = Path(sys.executable).parent / "infermeter"
 NAME = "endpoint.test"  # resolved by the test proxy only
@@ -367,7 +367,7 @@ def test_the_preflight_names_a_dropped_tunnel_another_hosts_certificate_and_a_mi
     )
 
 
-def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
+def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path, monkeypatch):
     from pydantic import ValidationError
 
     from tasks.config import EndpointConfig
@@ -376,6 +376,16 @@ def test_ca_bundle_that_is_no_file_is_a_config_error(tmp_path):
         EndpointConfig(ca_bundle=tmp_path / "absent.pem")
     with pytest.raises(ValidationError, match=r"ca_bundle\n.* is a folder; .*SSL_CERT_DIR=PATH"):
         EndpointConfig(ca_bundle=tmp_path)  # it said "no file at" the folder
+    # a relative path is made absolute: a client in another folder (a Dask worker's) reads it too
+    # (it failed there with "FileNotFoundError: [Errno 2] No such file or directory", no path)
+    (tmp_path / "ca.pem").write_bytes(trustme.CA().cert_pem.bytes())
+    monkeypatch.chdir(tmp_path)
+    assert EndpointConfig(ca_bundle=Path("ca.pem")).ca_bundle == tmp_path.resolve() / "ca.pem"
+    with pytest.raises(
+        FileNotFoundError,
+        match=r"the CA bundle .*absent\.pem \(--ca-bundle, endpoint\.ca_bundle\) is not on ",
+    ):
+        tls_context(tmp_path / "absent.pem")
     result = subprocess.run(
         [str(BIN), "stream", "--base-url", "https://x.example/v1", "--model", "m"]
         + ["--ca-bundle", str(tmp_path / "absent.pem"), "--no-track"],

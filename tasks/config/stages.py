@@ -169,7 +169,7 @@ class EndpointConfig(_Strict):
     @classmethod
     def _ca_file(cls, value: Path | None) -> Path | None:
         if value is not None:
-            value = value.expanduser()
+            value = value.expanduser().resolve()  # absolute: clients in other folders (Dask workers)
             if value.is_dir():  # OpenSSL reads a folder only as hashed names (c_rehash), not as a bundle
                 raise ValueError(
                     f"{value} is a folder; give the PEM file of the endpoint's CA certificates (a folder "

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import errno
 import ipaddress
 import os
 import socket
@@ -363,9 +364,18 @@ def tls_context(ca_bundle: str | os.PathLike[str] | None = None) -> ssl.SSLConte
     ``SSL_CERT_FILE`` / ``SSL_CERT_DIR`` where set).
 
     Raises:
-        FileNotFoundError: ``ca_bundle`` does not exist; ``ssl.SSLError``: it holds no
-            certificate OpenSSL reads.
+        FileNotFoundError: ``ca_bundle`` does not exist here (the message names it and this host:
+            a Dask worker on another host reads the path the command was given; OpenSSL's own
+            error named neither); ``ssl.SSLError``: it holds no certificate OpenSSL reads.
     """
     if ca_bundle is None:
         return ssl.create_default_context()
-    return ssl.create_default_context(cafile=os.fspath(ca_bundle))
+    path = os.fspath(ca_bundle)
+    try:
+        return ssl.create_default_context(cafile=path)
+    except FileNotFoundError:
+        raise FileNotFoundError(
+            errno.ENOENT,
+            f"the CA bundle {path} (--ca-bundle, endpoint.ca_bundle) is not on {socket.gethostname()}: "
+            "every host that runs a client (each Dask worker's) needs the file at that path",
+        ) from None

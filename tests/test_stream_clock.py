@@ -364,21 +364,24 @@ def _env() -> dict[str, str]:
 def test_clock_drift_and_coalescing_warnings_name_their_figures(caplog) -> None:
     """A realtime step during a level cannot be staged here (it would move the machine's wall
     clock), so the level's figures are given: the warnings name the drift and the coalesced share."""
-    from tasks.stream.levels import _warn_client
+    from tasks.stream.quality import SAME_HOST_NOTE, warn_client
 
     settings = LevelSettings(model="m", prompts=["p"], max_tokens=1, num_requests=1, level=3)
     logger = logging.getLogger("test.clock.warn")
     with caplog.at_level(logging.WARNING, logger="test.clock.warn"):
-        _warn_client(
+        warn_client(
             {"arrival_clock": "kernel", "clock_offset_drift_ms": 2.5, "client_bound": 1,
              "coalesced_event_fraction": 0.095},
             settings,
             logger,
         )  # fmt: skip
-        _warn_client(
+        warn_client(
             {"arrival_clock": "kernel", "clock_offset_drift_ms": 0.2, "client_bound": 0}, settings, logger
         )
-    assert len(caplog.messages) == 2
+        bound = {"arrival_clock": "kernel", "client_bound": 1, "coalesced_event_fraction": 0.02}
+        warn_client(bound, settings, logger, same_host=True)  # a server on the client's cores
+    assert len(caplog.messages) == 3
+    assert caplog.messages[2].endswith(SAME_HOST_NOTE) and SAME_HOST_NOTE not in caplog.messages[1]
     assert "level 3: CLOCK_REALTIME moved 2.500 ms" in caplog.messages[0]
     said = caplog.messages[1]
     assert "over 1.00 % of its ITL gaps may be off by more than 1 ms" in said

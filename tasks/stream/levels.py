@@ -30,6 +30,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from tasks import cache, stats
 from tasks.engines.death import server_died_error
@@ -37,13 +38,14 @@ from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import endpoint_http, prometheus, quality
+from tasks.stream import proxy as proxies
 from tasks.stream.dask_cluster import dask_client
 from tasks.stream.dask_load import pooled_workers, run_level_dask
 from tasks.stream.errors import SERVER_DIED
 from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
-from tasks.stream.quality import distinct_texts, rate_text
+from tasks.stream.quality import rate_text
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 from tasks.taskrunner import parse_task_runner
@@ -239,7 +241,8 @@ def _run_one(
             pairs.append((before, after))
     result = _pooled(results, settings)
     before, after = prometheus.combine(pairs)
-    metrics = _level_metrics(result, before, after, settings, goodput, logger)
+    same_host = proxies.is_loopback(urlsplit(connection.base_url).hostname or "")
+    metrics = _level_metrics(result, before, after, settings, goodput, logger, same_host)
     if settings.repeats > 1:
         metrics.update(_repeat_spread(results, goodput))
     reset = settings.reset_cache and not refused
@@ -310,8 +313,10 @@ def _level_metrics(
     settings: LevelSettings,
     goodput: Mapping[str, float] | None,
     logger: logging.Logger | logging.LoggerAdapter,
+    same_host: bool = False,
 ) -> dict[str, Any]:
-    """The level's figures (:class:`Level`'s ``metrics``), warning on what is off."""
+    """The level's figures (:class:`Level`'s ``metrics``), warning on what is off (``same_host``:
+    the endpoint is this machine's loopback, the server on the client's cores)."""
     index = settings.level
     metrics = stats.aggregate_level(result.records, result.wall_s, goodput)
     # each mean and percentile's 95 % interval: over requests, and over repeats when several
@@ -360,54 +365,5 @@ def _level_metrics(
                     result.measured, settings.max_concurrency, quality.more_clients(metrics)
                 ),
             )
-    _warn_client(metrics, settings, logger)
+    quality.warn_client(metrics, settings, logger, same_host)
     return metrics
-
-
-def _warn_client(
-    metrics: Mapping[str, Any], settings: LevelSettings, logger: logging.Logger | logging.LoggerAdapter
-) -> None:
-    """The client-side warnings of a level: a Dask worker lost, client-bound (on the clock in
-    use) and a drift of the realtime-to-monotonic offset that could move kernel stamps."""
-    index = settings.level
-    for worker in metrics.get("client_workers") or ():
-        if worker["cause"]:
-            logger.warning(
-                "level %d: Dask worker %s was lost (%s): %d of the %d requests of its share never "
-                "came back; the level's figures are over the records received",
-                *(index, worker["worker"], worker["cause"], worker["lost"], worker["requests"]),
-            )
-    drift = metrics.get("clock_offset_drift_ms")
-    if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > quality.DRIFT_WARN_MS:
-        logger.warning(
-            "level %d: CLOCK_REALTIME moved %.3f ms against CLOCK_MONOTONIC during the level (a "
-            "wall-clock adjustment); kernel arrival stamps near it may be off by up to that",
-            index,
-            drift,
-        )
-    if not metrics.get("client_bound"):
-        return
-    if metrics.get("arrival_clock") == "kernel":
-        share, limit = distinct_texts(
-            100 * metrics["coalesced_event_fraction"], 100 * settings.coalesced_tolerance
-        )
-        logger.warning(
-            "level %d is client-bound: over %s %% of its ITL gaps may be off by more than %s ms: "
-            "their chunks came in one read after the client's loop had been behind longer than "
-            "that, so they share the last one's stamp (%s %% of its gaps came coalesced); its "
-            "ITL figures may describe the client, not the server (%s, or fewer streams)",
-            index,
-            limit,
-            f"{settings.lag_tolerance_ms:g}",
-            share,
-            quality.more_clients(metrics),
-        )
-        return
-    lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)
-    logger.warning(
-        "level %d is client-bound: the client's event-loop lag p99 is %s ms "
-        "(> %s ms); its latencies describe the client, not the server",
-        index,
-        lag_text,
-        limit_text,
-    )

@@ -33,6 +33,7 @@ Pure functions over records; no clock reads, no I/O.
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -42,6 +43,18 @@ from tasks.stream import rxclock
 
 #: Default coalesced fraction of ITL gaps above which a kernel-clock level is client-bound.
 COALESCED_TOLERANCE = 0.01
+#: Said after a kernel-clock flag when the endpoint is this machine's loopback. A server on the
+#: client's cores stalls when they are busy and then writes its late chunks back to back; a
+#: client descheduled meanwhile reads them in one read, as it reads chunks it was late for: the
+#: kernel keeps one stamp for segments queued together, so nothing the client sees tells the two
+#: apart. tests/benchmarks/client_bound_flags.py (2026-12-06, 2 cores, 256 and 512 streams):
+#: the instrument at normal priority, 4 of 15 exact levels flagged (8 runs each); written on
+#: time (SCHED_FIFO, as a server with cores of its own), 0 of 29 (20 runs each), none of the
+#: 11 wrong ones missed.
+SAME_HOST_NOTE = (
+    "; the server runs on this machine's cores, and chunks it wrote together after a stall of its "
+    "own look the same to the client: give it cores of its own (taskset) to tell the two apart"
+)
 #: Drift (ms) of CLOCK_REALTIME - CLOCK_MONOTONIC over a level above which a warning is given.
 DRIFT_WARN_MS = 1.0
 #: Send lateness p99 (ms) above which a replayed schedule (a trace) is not faithful (issue 19).
@@ -321,3 +334,58 @@ def schedule_advice(
             f"to send: {more}, or {slower}"
         )
     return f"raise --max-concurrency, or {more}, or {slower}"
+
+
+def warn_client(
+    metrics: Mapping[str, Any],
+    settings: Any,
+    logger: logging.Logger | logging.LoggerAdapter,
+    same_host: bool = False,
+) -> None:
+    """The client-side warnings of a level (``metrics``: its figures; ``settings``: its
+    ``tasks.stream.settings.LevelSettings``): a Dask worker lost, client-bound (on the clock in
+    use; ``same_host``: the endpoint is this machine's loopback, :data:`SAME_HOST_NOTE` said) and
+    a drift of the realtime-to-monotonic offset that could move kernel stamps."""
+    index = settings.level
+    for worker in metrics.get("client_workers") or ():
+        if worker["cause"]:
+            logger.warning(
+                "level %d: Dask worker %s was lost (%s): %d of the %d requests of its share never "
+                "came back; the level's figures are over the records received",
+                *(index, worker["worker"], worker["cause"], worker["lost"], worker["requests"]),
+            )
+    drift = metrics.get("clock_offset_drift_ms")
+    if metrics.get("arrival_clock") == "kernel" and drift is not None and drift > DRIFT_WARN_MS:
+        logger.warning(
+            "level %d: CLOCK_REALTIME moved %.3f ms against CLOCK_MONOTONIC during the level (a "
+            "wall-clock adjustment); kernel arrival stamps near it may be off by up to that",
+            index,
+            drift,
+        )
+    if not metrics.get("client_bound"):
+        return
+    if metrics.get("arrival_clock") == "kernel":
+        share, limit = distinct_texts(
+            100 * metrics["coalesced_event_fraction"], 100 * settings.coalesced_tolerance
+        )
+        logger.warning(
+            "level %d is client-bound: over %s %% of its ITL gaps may be off by more than %s ms: "
+            "their chunks came in one read after the client's loop had been behind longer than "
+            "that, so they share the last one's stamp (%s %% of its gaps came coalesced); its "
+            "ITL figures may describe the client, not the server (%s, or fewer streams)%s",
+            index,
+            limit,
+            f"{settings.lag_tolerance_ms:g}",
+            share,
+            more_clients(metrics),
+            SAME_HOST_NOTE if same_host else "",
+        )
+        return
+    lag_text, limit_text = distinct_texts(metrics["client_loop_lag_ms_p99"], settings.lag_tolerance_ms)
+    logger.warning(
+        "level %d is client-bound: the client's event-loop lag p99 is %s ms "
+        "(> %s ms); its latencies describe the client, not the server",
+        index,
+        lag_text,
+        limit_text,
+    )

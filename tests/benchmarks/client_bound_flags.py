@@ -51,7 +51,9 @@ TOLERANCE_MS = 1.0
 OLD_FRACTION = 0.01
 
 
-def one_run(server: gt.GroundTruthServer, streams: int, gap_ms: float, hogs: int) -> dict:
+def one_run(
+    server: gt.GroundTruthServer, streams: int, gap_ms: float, hogs: int, processes: int | None = None
+) -> dict:
     """One ``infermeter stream`` level of ``streams`` concurrent streams: its flag, its
     coalesced share and its ITL error p99 against the instrument's stamps."""
     server.reset()
@@ -65,6 +67,7 @@ def one_run(server: gt.GroundTruthServer, streams: int, gap_ms: float, hogs: int
                 "--model", f"ticks:{CHUNKS}:{gap_ms:g}", "--prompts", str(prompts),
                 "--max-tokens", str(CHUNKS), "--max-concurrency", str(streams),
                 "--num-requests", str(streams), "--warmup", "1", "--no-track", "--json", str(out),
+                *(["--client-processes", str(processes)] if processes else []),
             ]  # fmt: skip
             done = subprocess.run(
                 command,
@@ -109,15 +112,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--conditions", default="64,256,512,1024,256:10:2,512:10:1,64:3:3")
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--client-processes", type=int, default=None, help="passed on (default: the command's own)"
+    )
+    parser.add_argument(
+        "--instrument-realtime",
+        action="store_true",
+        help="the instrument under SCHED_FIFO (root): written on time, as a server on a host of its own",
+    )
     args = parser.parse_args()
     table, failed = [], {}
     with gt.serve() as server:
+        if args.instrument_realtime:
+            os.sched_setscheduler(server.process.pid, os.SCHED_FIFO, os.sched_param(10))
         for condition in args.conditions.split(","):
             streams, gap, hogs = (condition.split(":") + ["10", "0"])[:3] if ":" in condition else (
                 condition, "10", "0")  # fmt: skip
             runs = []
             for k in range(args.runs):
-                run = one_run(server, int(streams), float(gap), int(hogs))
+                run = one_run(server, int(streams), float(gap), int(hogs), args.client_processes)
                 runs.append(run)
                 print(condition, k, run, file=sys.stderr, flush=True)
             table.append((int(streams), float(gap), int(hogs), [r for r in runs if "failed" not in r]))

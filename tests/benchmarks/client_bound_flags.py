@@ -21,6 +21,12 @@ measured per run, so whatever else shares the machine only moves runs between th
 
     .venv/bin/python tests/benchmarks/client_bound_flags.py
         [--conditions 64,256,512,1024,256:10:2,512:10:1,64:3:3] [--runs 20]
+        [--client-processes N] [--instrument-realtime]
+
+``--instrument-realtime`` runs the instrument under SCHED_FIFO (root): it writes on time, as a
+server with cores of its own. At normal priority on the client's 2 cores it stalls and then
+writes its late chunks back to back, which the client cannot tell from chunks it read late
+(``tasks.stream.quality.SAME_HOST_NOTE``): exact levels are then flagged in some runs.
 
 Not collected by pytest (no test_ prefix); prints, never asserts.
 """

@@ -257,6 +257,8 @@ def test_a_refused_connect_names_the_proxy_and_its_status(env, proxy, tls_instru
     (record,) = _requests(f"https://denied.test:{tls_instrument.port}/v1", count=1, ca_bundle=ca[0])
     assert record.error_class == "connection"
     assert f"the proxy {proxy.plain_url} (from HTTPS_PROXY) answered 403 Forbidden" in record.error_message
+    assert record.error_message.startswith(f"could not reach https://denied.test:{tls_instrument.port}/v1")
+    assert "is the server running" not in record.error_message  # the proxy said why: not the server
     (record,) = _requests(f"https://{NAME}:{gt.free_port()}/v1", count=1, ca_bundle=ca[0])
     assert "answered 502 Bad Gateway to CONNECT endpoint.test:" in record.error_message  # nothing there
     nowhere = f"http://127.0.0.1:{gt.free_port()}"

@@ -27,6 +27,7 @@ from urllib.parse import urljoin
 import httpx2
 
 from tasks.stream.codings import EncodingError
+from tasks.stream.proxy import ProxyError
 
 if TYPE_CHECKING:
     import openai
@@ -195,6 +196,9 @@ def _redirect_message(exc: openai.APIStatusError) -> str:
 def _classify_transport(exc: BaseException, url: str, in_stream: bool) -> tuple[str, str] | None:
     """Class of an httpx2/httpx/OS transport exception, or None when it is not one."""
     text = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, ProxyError):  # its message names the proxy, its answer and the fix: the
+        # server's state and the base_url are not in question ("is the server running?" misled)
+        return CONNECTION, f"could not reach {url} through its proxy: {exc}"
     if _is(exc, "TimeoutException") or isinstance(exc, TimeoutError):
         return TIMEOUT, f"timed out waiting for {url} ({text}); raise endpoint.request_timeout_s"
     cut = (ConnectionResetError, BrokenPipeError, ConnectionAbortedError)

@@ -17,7 +17,7 @@ import zlib
 
 import pytest
 
-from tasks.stream import codings, h1
+from tasks.stream import codings, h1, transports
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord
@@ -123,6 +123,27 @@ def test_an_error_response_labelled_gzip_but_sent_plain_keeps_its_status(server)
     (r,) = _requests(server, "plain_503_said_gzip")
     assert r.error_class == "server", (r.error_class, r.error_message)
     assert "503" in r.error_message and "the pool is overloaded" in r.error_message, r.error_message
+
+
+def test_an_error_body_left_open_keeps_its_status_not_a_timeout(server) -> None:
+    """A 503 whose body is never terminated: the 503 is the error, recorded within
+    ``transports.ERROR_BODY_WAIT_S`` of its head (it was a ``timeout`` after request_timeout_s),
+    and its connection is not reused."""
+    (r, again) = _requests(server, "open_503", "gzip")
+    assert r.error_class == "server" and "503" in r.error_message, (r.error_class, r.error_message)
+    assert "overloaded" in r.error_message, r.error_message  # the body as far as it came
+    assert r.error_after_ms < 1000 * 1.5 * transports.ERROR_BODY_WAIT_S + 200, r.error_after_ms
+    assert again.succeeded, again.error_message
+    first, second = server.requests[-2:]
+    assert second["connection"] != first["connection"]
+
+
+def test_a_transfer_coding_never_asked_for_is_named(server) -> None:
+    """``Transfer-Encoding: gzip, chunked`` to a client that sent no TE header (RFC 9112 §7): an
+    error naming the coding (it was ``empty_response`` "0 chunks")."""
+    (r,) = _requests(server, "te_gzip")
+    assert not r.succeeded and "Transfer-Encoding 'gzip, chunked'" in r.error_message, r.error_message
+    assert "0 chunks" not in r.error_message
 
 
 def test_zero_padding_after_a_gzip_body_is_ignored(server) -> None:

@@ -213,6 +213,18 @@ class WireServer:
                 b"Content-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%b" % (len(body), body)
             )
             return True
+        if model == "open_503":  # an error's head and a first chunk, the body left open
+            writer.write(
+                b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                b"Transfer-Encoding: chunked\r\n\r\n" + _chunk(b'{"error": {"message": "overloaded"')
+            )
+            await reader.read()  # open until the client goes
+            return False
+        if model == "te_gzip":  # a transfer coding the client never asked for (no TE header)
+            body = zlib.compress(b"".join(events), wbits=31)
+            writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip, chunked\r\n\r\n" + _chunk(body))
+            writer.write(b"0\r\n\r\n")
+            return True
         if model == "redirect":
             writer.write(
                 b"HTTP/1.1 307 Temporary Redirect\r\nLocation: /moved/v1/chat/completions\r\n"

@@ -39,6 +39,11 @@ from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
 from tasks.stream.pool import Pool
 from tasks.stream.sse import SSEFramer, loads
 
+#: The longest an error response's body may go without new bytes before it is taken as it is:
+#: a server or proxy that leaves it open (an answer's body: tasks.stream.h1.END_GRACE_S) must
+#: not turn its status into a timeout after ``request_timeout_s``.
+ERROR_BODY_WAIT_S = 0.5
+
 
 def new_state() -> dict[str, Any]:
     """An empty stream state, filled by a receive loop.
@@ -263,7 +268,8 @@ async def read_sse(
             response = await pool.post(url, headers, _dumps(_request_body(kwargs)), state)
         state["sent_ns"] = response.sent_ns  # an error's too: its record says when it was sent
         if response.status != 200:
-            raise _status_error(url, response.status, response.headers, await response.read_all(timeout_s))
+            body = await response.read_all(min(timeout_s, ERROR_BODY_WAIT_S))
+            raise _status_error(url, response.status, response.headers, body)
         state["in_stream"] = True
         state["content_encoding"], state["answered"] = response.content_encoding, response.answered
         await response.consume(framer.sink, timeout_s, (framer, on_event))

@@ -84,9 +84,17 @@ def test_loopback_is_added_to_no_proxy_only_where_a_proxy_is_set() -> None:
     environ = {"NO_PROXY": "a.example"}
     keep_loopback_off_proxies(environ)
     assert environ == {"NO_PROXY": "a.example"}
-    environ = {"http_proxy": "http://p:3128", "no_proxy": "b.example", "NO_PROXY": "a.example,localhost"}
+    environ = {"http_proxy": "http://p:3128", "NO_PROXY": "a.example,localhost"}
     keep_loopback_off_proxies(environ)
-    assert environ["NO_PROXY"] == environ["no_proxy"] == "a.example,localhost,b.example,127.0.0.1,::1"
+    assert environ["NO_PROXY"] == environ["no_proxy"] == "a.example,localhost,127.0.0.1,::1"
+    # the lower-case spelling wins where set, even empty, as urllib (httpx, requests) and the
+    # stream client read it: not the two lists joined, which bypassed hosts neither tool would
+    environ = {"http_proxy": "http://p:3128", "no_proxy": "b.example", "NO_PROXY": "a.example"}
+    keep_loopback_off_proxies(environ)
+    assert environ["NO_PROXY"] == environ["no_proxy"] == "b.example,127.0.0.1,localhost,::1"
+    environ = {"HTTPS_PROXY": "http://p:3128", "no_proxy": "", "NO_PROXY": "endpoint.test"}
+    keep_loopback_off_proxies(environ)
+    assert environ["NO_PROXY"] == environ["no_proxy"] == "127.0.0.1,localhost,::1"
 
 
 def test_a_check_that_breaks_is_a_failed_check_and_the_others_still_run() -> None:

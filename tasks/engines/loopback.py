@@ -22,16 +22,17 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 def no_proxy_hosts(environ: MutableMapping[str, str] = os.environ) -> list[str]:
-    """The hosts both spellings of NO_PROXY name together, in order, each once."""
-    items = []
-    for name in ("NO_PROXY", "no_proxy"):
-        items += [item.strip() for item in environ.get(name, "").split(",") if item.strip()]
-    return list(dict.fromkeys(items))
+    """The hosts NO_PROXY names, in order, each once, read as urllib (and so httpx, requests)
+    and :mod:`tasks.stream.proxy` read it: ``no_proxy`` where it is set, even empty (which
+    unsets the other), else ``NO_PROXY``."""
+    value = environ["no_proxy"] if "no_proxy" in environ else environ.get("NO_PROXY", "")
+    return list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))
 
 
 def keep_loopback_off_proxies(environ: MutableMapping[str, str] = os.environ) -> None:
     """Where a proxy is set, add :data:`LOOPBACK` to ``NO_PROXY`` and ``no_proxy`` (both set to
-    the same list: what either named, then loopback). Nothing where no proxy is set."""
+    the same list: what :func:`no_proxy_hosts` reads, then loopback). Nothing where no proxy is
+    set."""
     if not any(environ.get(name) for name in PROXY_VARS):
         return
     hosts = no_proxy_hosts(environ)

@@ -355,3 +355,23 @@ def test_a_usage_on_every_chunk_does_not_end_the_answer_before_its_finish(server
         first, second = server.requests[-2:]  # cores its grace may run out first (not an error)
         assert second["connection"] == first["connection"]  # [DONE] and the body's end were read
         assert r.stream_close_ms - r.e2e_ms < h1.END_GRACE_S * 1e3, (r.e2e_ms, r.stream_close_ms)
+
+
+def test_the_summary_says_which_answers_came_compressed_and_whole(server) -> None:
+    """Under the level table: the answers in a content coding, and those of them that came in one
+    read (a compressing hop that held them: their timings are its flushes')."""
+    import io
+
+    from rich.console import Console
+
+    from flows.commands.stream_tables import print_outcomes
+
+    plain, coded = (r.to_json() for r in _requests(server, "plain", "gzip"))
+    held = {**coded, "token_offsets_ms": [5.0] * len(coded["token_offsets_ms"])}  # as one read gives
+    held["decode_unobserved"] = "one_read"
+    out = io.StringIO()
+    level = {"max_concurrency": 1, "request_rate": None, "metrics": {"num_requests": 3}}
+    print_outcomes([{**level, "requests": [plain, coded, held]}], Console(file=out, width=200))
+    assert out.getvalue().strip() == (
+        "conc 1 rate inf: gzip bodies 2 of 3, 1 read in one piece (timings are the compressing hop's)"
+    )

@@ -98,11 +98,26 @@ def _turn_count(metrics: dict) -> int:
     return k
 
 
+def _compressed(level: dict) -> list[str]:
+    """``gzip bodies 2 of 2, 2 read in one piece (timings are the compressing hop's)``: the
+    measured answers that came in a content coding (a compressing proxy or router: it may hold
+    events until it flushes), and how many of them came whole in one read."""
+    measured = [r for r in level.get("requests") or () if not r.get("warmup")]
+    coded = [r for r in measured if r.get("content_encoding")]
+    if not coded:
+        return []
+    names = ", ".join(sorted({r["content_encoding"] for r in coded}))
+    whole = sum(1 for r in coded if r.get("decode_unobserved") == "one_read")
+    held = f", {whole} read in one piece (timings are the compressing hop's)" if whole else ""
+    return [f"{names} bodies {len(coded)} of {len(measured)}{held}"]
+
+
 def print_outcomes(levels: list[dict], console: Console) -> None:
-    """Under the level table, one line per level whose measured requests failed or refused:
-    each error class with its count and how long its users waited for it (p50 and max of the
-    records' ``error_after_ms``, in s: ``server 3 (waited p50 1.50 s, max 1.52 s)``; a slow
-    failure is not a fast one), and the refusals (``num_refusals``: answers, timed as text)."""
+    """Under the level table, one line per level whose measured requests failed, refused or came
+    compressed: each error class with its count and how long its users waited for it (p50 and
+    max of the records' ``error_after_ms``, in s: ``server 3 (waited p50 1.50 s, max 1.52 s)``;
+    a slow failure is not a fast one), the refusals (``num_refusals``: answers, timed as text),
+    and the answers in a content coding (:func:`_compressed`)."""
     from tasks.report.plots import level_rate_label
     from tasks.stream.quality import waited
 
@@ -115,6 +130,7 @@ def print_outcomes(levels: list[dict], console: Console) -> None:
             said.append(f"{name} {len(each)}{waited(each)}")
         if m.get("num_refusals"):
             said.append(f"refusals {m['num_refusals']} of {m.get('num_requests')} (answers, timed as text)")
+        said += _compressed(lv)
         if said:
             where = f"conc {lv['max_concurrency']} rate {level_rate_label(lv['request_rate'], m)}"
             console.print(f"{where}: " + "; ".join(said), highlight=False)

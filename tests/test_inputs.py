@@ -105,7 +105,7 @@ def test_help_shows_the_config_defaults(tmp_path) -> None:
 
 
 def test_the_client_bound_warning_prints_enough_digits() -> None:
-    from tasks.stream.levels import distinct_texts
+    from tasks.stream.quality import distinct_texts
 
     assert distinct_texts(1.004, 1.0) == ("1.004", "1.000")
     assert distinct_texts(3.2, 1.0) == ("3.20", "1.00")

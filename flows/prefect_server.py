@@ -27,7 +27,7 @@ is reported as interrupted to a server that is still up), and stops itself when 
 request and no open connection for ``INFERMETER_PREFECT_IDLE_S`` seconds (default
 :data:`DEFAULT_IDLE_S`), when its state file is removed or names another server, or on
 SIGTERM/SIGINT. ``INFERMETER_PREFECT_IDLE_S=0`` turns it off: each command then starts and
-stops a temporary server of its own (``flows.commands.prefect_api``), as Prefect would.
+stops a temporary server of its own (``flows.shared.prefect_api``), as Prefect would.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from flows.commands.tables import interval_text
+from flows.tables.common import interval_text
 from tasks.stats import percentile
 from tasks.stream.load import MAX_SEND_LEAD_S
 
@@ -34,7 +34,7 @@ def server() -> Iterator[gt.GroundTruthServer]:
 
 def cli(*args: str) -> list[str]:
     exe = ROOT / ".venv" / "bin" / "infermeter"
-    return [*([str(exe)] if exe.exists() else [sys.executable, "-m", "flows.commands.app"]), *args]
+    return [*([str(exe)] if exe.exists() else [sys.executable, "-m", "flows.cli.main"]), *args]
 
 
 def stream(

@@ -23,7 +23,7 @@ from collections import Counter
 import pytest
 from rich.console import Console
 
-from flows.commands.stream_tables import print_outcomes
+from flows.tables.stream import print_outcomes
 from tasks.stats import aggregate_level
 from tasks.stream.client import stream_chat
 from tasks.stream.levels import run_levels

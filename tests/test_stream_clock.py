@@ -334,7 +334,7 @@ def test_achieved_request_rate_through_the_cli(server, tmp_path) -> None:
         "--num-requests", str(n), "--warmup", "1", "--no-track", "--json", str(out),
     ]  # fmt: skip
     if not Path(command[0]).exists():
-        command[:1] = [sys.executable, "-m", "flows.commands.app"]
+        command[:1] = [sys.executable, "-m", "flows.cli.main"]
     server.reset()
     done = subprocess.run(
         command, capture_output=True, text=True, env={"INFERMETER_WORK_DIR": str(tmp_path), **_env()}

@@ -8,7 +8,8 @@ import re
 import pytest
 from rich.console import Console
 
-from flows.commands import stream, sweep, tables
+from flows.commands import stream, sweep
+from flows.tables import common as tables
 
 LEFT_OUT = re.compile(r"left out to fit (\d+) columns: (.+) \(COLUMNS=(\d+) shows them; so does --json\)")
 

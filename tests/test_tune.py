@@ -586,7 +586,7 @@ def test_a_capacity_tune_reports_the_capacity_over_its_repeats(tmp_path: Path) -
     best_found = data["best"]
     assert (best_found["rule"], best_found["objective"]) == ("only", "capacity_requests_per_s")
     assert best_found["point"]["capacity_requests_per_s"] == pytest.approx(mean)
-    from flows.commands.tables import fmt_value, interval_text
+    from flows.tables.common import fmt_value, interval_text
 
     [row] = _capacity_rows(proc.stdout).values()  # the configuration once, over its two repeats
     assert row.startswith(f"0 startup_delay_s=0 FINISHED {fmt_value(conf['server_startup_s'])} 2 ")
@@ -616,7 +616,7 @@ def test_a_capacity_tunes_repeats_are_one_row_per_configuration_and_the_best_by_
     configuration is one row with its repeats (2), its mean capacity and Student's t interval,
     each repeat's capacity, and ``best`` / ``tied`` as the rule (Welch, Holm:
     ``tasks.tune.rule.decide``) decides over the repeats' capacities."""
-    from flows.commands.tables import fmt_value, interval_text
+    from flows.tables.common import fmt_value, interval_text
 
     config = tmp_path / "tune.yaml"
     config.write_text(

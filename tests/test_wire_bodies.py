@@ -364,7 +364,7 @@ def test_the_summary_says_which_answers_came_compressed_and_whole(server) -> Non
 
     from rich.console import Console
 
-    from flows.commands.stream_tables import print_outcomes
+    from flows.tables.stream import print_outcomes
 
     plain, coded = (r.to_json() for r in _requests(server, "plain", "gzip"))
     held = {**coded, "token_offsets_ms": [5.0] * len(coded["token_offsets_ms"])}  # as one read gives

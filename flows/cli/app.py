@@ -1,6 +1,6 @@
 """The typer app behind the `infermeter` console script: one command per flow, plus the
 embedded server, compare, history and serve (one module each under ``flows.commands``).
-``flows.commands.app.main`` runs it."""
+``flows.cli.main.main`` runs it."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The `infermeter` console script's entry point (:func:`main`): the signals, the tracked
-stream's early tracking writer, the typer app (``flows.commands.cli``), the quick exit."""
+stream's early tracking writer, the typer app (``flows.cli.app``), the quick exit."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import signal
 import sys
 
 import flows  # noqa: F401  (the offline defaults, before Prefect or MLflow is imported)
-from flows.commands.stream_writer import start_stream_writer, tracked_stream
+from flows.shared.stream_writer import start_stream_writer, tracked_stream
 
 
 def _terminate(signum, frame):
@@ -15,7 +15,7 @@ def _terminate(signum, frame):
     KILLED and the servers the command started are stopped (Prefect swaps in its own handler
     while a flow runs, and re-sends the signal to this one when the flow has been marked
     crashed). The signal is noted first: the command exits 128 + its number (143, 130)."""
-    from flows.commands.common import note_signal
+    from flows.shared.common import note_signal
 
     note_signal(signum)
     raise KeyboardInterrupt
@@ -31,8 +31,8 @@ def main() -> None:
         start_stream_writer()
     import typer
 
-    from flows.commands.cli import app
-    from flows.commands.helptext import show_config_defaults
+    from flows.cli.app import app
+    from flows.cli.helptext import show_config_defaults
 
     mark("cli_imported")
 
@@ -42,7 +42,7 @@ def main() -> None:
     try:
         show_config_defaults(typer.main.get_command(app))(prog_name="infermeter")
     except SystemExit as exc:  # click ends every command with one, success included
-        from flows.commands.common import closing_lines  # a lost tracking server's last lines
+        from flows.shared.common import closing_lines  # a lost tracking server's last lines
 
         code = closing_lines(exc.code)
         mark("main_end")

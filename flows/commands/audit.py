@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.shared.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
@@ -21,7 +21,7 @@ from flows.commands.common import (
     preflight,
     run_flow,
 )
-from flows.commands.tables import console, err_console, print_headline, print_run_links
+from flows.tables.common import console, err_console, print_headline, print_run_links
 from tasks.config import AuditConfig
 
 

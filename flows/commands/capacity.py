@@ -14,7 +14,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.commands.stream import check_endpoint_config
+from flows.shared.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
@@ -24,7 +25,7 @@ from flows.commands.common import (
     parse_slos,
     run_flow,
 )
-from flows.commands.options import (
+from flows.shared.options import (
     ApiKeyEnvOption,
     CaBundleOption,
     EngineOption,
@@ -36,9 +37,7 @@ from flows.commands.options import (
     TokenizerOption,
     WarmupOption,
 )
-from flows.commands.stream import check_endpoint_config
-from flows.commands.tables import console, fmt_value, make_table, print_run_links
-from flows.commands.workload import (
+from flows.shared.workload import (
     KeepCacheOption,
     PrefixGroupsOption,
     PrefixLenOption,
@@ -48,6 +47,7 @@ from flows.commands.workload import (
     check_dataset,
     workload_overrides,
 )
+from flows.tables.common import console, fmt_value, make_table, print_run_links
 from tasks.config import CapacityFlowConfig
 
 

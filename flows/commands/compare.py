@@ -13,8 +13,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from flows.commands.common import fail_input, output_path, parse_list, preflight, write_json
-from flows.commands.tables import console, fmt_value, interval_text, make_table, print_closed_runs, wrap_words
+from flows.shared.common import fail_input, output_path, parse_list, preflight, write_json
+from flows.tables.common import console, fmt_value, interval_text, make_table, print_closed_runs, wrap_words
 from tasks.report.compare import EXTRA_COLUMNS, comparison_frame, markdown_table, plot_metric, unlike_runs
 
 DEFAULT_FILTER = "tags.flow = 'audit'"
@@ -120,7 +120,7 @@ def _at(frame, column: str, row: int):
 
 
 #: Text (run names, models, hosts) wraps at this many characters, between words or after a
-#: ``-``, ``/``, ``:`` ... (``flows.commands.tables.wrap_words``), never inside a piece.
+#: ``-``, ``/``, ``:`` ... (``flows.tables.common.wrap_words``), never inside a piece.
 TEXT_WIDTH = 14
 
 

@@ -22,7 +22,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import fail_input, load_or_fail, preflight
+from flows.shared.common import fail_input, load_or_fail, preflight
 from tasks.config import AuditConfig
 
 #: (module, flow attribute, deployment name): every flow that gets a deployment. Modules that

@@ -9,8 +9,8 @@ from typing import Annotated
 
 import typer
 
-from flows.commands.common import JsonOption, write_json
-from flows.commands.tables import console
+from flows.shared.common import JsonOption, write_json
+from flows.tables.common import console
 from tasks.doctor import Check
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "skip": "dim"}
@@ -26,7 +26,7 @@ def prefect_api_check() -> Check:
 
     from prefect.client.orchestration import get_client
 
-    from flows.commands.prefect_api import prefect_api
+    from flows.shared.prefect_api import prefect_api
 
     given = os.environ.get("PREFECT_API_URL")
     if given:  # one bounded look first: the client's own retries wait minutes on a silent server

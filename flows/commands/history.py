@@ -17,8 +17,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from flows.commands.common import JsonOption, fail_input, output_path, parse_list, preflight, write_json
-from flows.commands.tables import console, fmt_value, make_table, print_closed_runs
+from flows.shared.common import JsonOption, fail_input, output_path, parse_list, preflight, write_json
+from flows.tables.common import console, fmt_value, make_table, print_closed_runs
 
 
 def command(

@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.shared.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
@@ -26,8 +26,8 @@ from flows.commands.common import (
     parse_list,
     run_flow,
 )
-from flows.commands.fanout import TaskRunnerOption, check_task_runner
-from flows.commands.tables import console, fmt_value, make_table, print_run_links
+from flows.shared.fanout import TaskRunnerOption, check_task_runner
+from flows.tables.common import console, fmt_value, make_table, print_run_links
 from tasks.config import AuditConfig, ProfileFlowConfig
 
 # torch, transformers and the flow are imported inside the functions that run it, so
@@ -156,7 +156,7 @@ def command(
     if result["points"]:
         print_points(result["points"])
         if cfg.profile.breakdown:
-            from flows.commands.breakdown_tables import print_analysis
+            from flows.tables.breakdown import print_analysis
 
             print_analysis(result["points"])
     print_run_links(result)

@@ -10,8 +10,8 @@ from typing import Annotated, Optional
 import typer
 from pydantic import ValidationError
 
-from flows.commands.common import fail_input
-from flows.commands.tables import console, err_console
+from flows.shared.common import fail_input
+from flows.tables.common import console, err_console
 from tasks.config import ServerConfig, describe_validation_error
 
 

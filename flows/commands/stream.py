@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.shared.common import (
     ENDPOINT_FLAGS,
     JsonOption,
     NoTrackOption,
@@ -30,8 +30,8 @@ from flows.commands.common import (
     rate,
     run_flow,
 )
-from flows.commands.fanout import check_task_runner
-from flows.commands.options import (
+from flows.shared.fanout import check_task_runner
+from flows.shared.options import (
     ApiKeyEnvOption,
     CaBundleOption,
     EngineOption,
@@ -46,10 +46,8 @@ from flows.commands.options import (
     TokenizerOption,
     WarmupOption,
 )
-from flows.commands.stream_tables import print_cache, print_outcomes, print_turns
-from flows.commands.stream_writer import start_stream_writer
-from flows.commands.tables import console, fmt_interval, fmt_value, make_table, print_run_links
-from flows.commands.workload import (
+from flows.shared.stream_writer import start_stream_writer
+from flows.shared.workload import (
     KeepCacheOption,
     PrefixGroupsOption,
     PrefixLenOption,
@@ -62,6 +60,8 @@ from flows.commands.workload import (
     check_dataset,
     workload_overrides,
 )
+from flows.tables.common import console, fmt_interval, fmt_value, make_table, print_run_links
+from flows.tables.stream import print_cache, print_outcomes, print_turns
 from tasks.config import AuditConfig, StreamFlowConfig
 
 
@@ -87,7 +87,7 @@ def check_endpoint_config(cfg: StreamFlowConfig) -> None:
     """What fails before any request: base_url without a scheme, base_url without --model, a
     named key variable that is not set (its value is never printed), a tokenizer spec that does
     not resolve or (hf:) is neither cached nor reachable, and the endpoint's pre-flight
-    (``flows.commands.common.check_remote_endpoint``): nothing accepts a TCP connection, a base
+    (``flows.shared.common.check_remote_endpoint``): nothing accepts a TCP connection, a base
     URL without /v1, a refused key, a model the server does not serve."""
     endpoint = cfg.endpoint
     if endpoint.base_url:
@@ -285,7 +285,7 @@ def command(
         prompt or prompts or (input_len and not (cfg.stream.prefix_groups or cfg.stream.turns)),
         num_requests_given=num_requests_given,
     )
-    if cfg.tracking.enabled and not no_track:  # (started already by flows.commands.app.main)
+    if cfg.tracking.enabled and not no_track:  # (started already by flows.cli.main.main)
         start_stream_writer()
     check_task_runner(cfg.stream.task_runner)
     check_endpoint_config(cfg)

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.shared.common import (
     ENDPOINT_FLAGS,
     JsonOption,
     NoTrackOption,
@@ -29,10 +29,10 @@ from flows.commands.common import (
     run_flow,
     write_json,
 )
-from flows.commands.distribution_tables import print_distribution
-from flows.commands.fanout import TaskRunnerOption, check_task_runner, compare_workers, print_comparison
-from flows.commands.options import CaBundleOption
-from flows.commands.tables import console, fmt_value, make_table, print_run_links
+from flows.shared.fanout import TaskRunnerOption, check_task_runner, compare_workers, print_comparison
+from flows.shared.options import CaBundleOption
+from flows.tables.common import console, fmt_value, make_table, print_run_links
+from flows.tables.distribution import print_distribution
 from tasks.config import SweepFlowConfig
 
 

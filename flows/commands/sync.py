@@ -15,8 +15,8 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import JsonOption, fail_input, write_json
-from flows.commands.tables import console
+from flows.shared.common import JsonOption, fail_input, write_json
+from flows.tables.common import console
 
 
 def command(

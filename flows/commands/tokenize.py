@@ -14,7 +14,7 @@ from typing import Annotated, Optional
 import typer
 from rich.text import Text
 
-from flows.commands.common import (
+from flows.shared.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
@@ -25,7 +25,7 @@ from flows.commands.common import (
     run_flow,
     write_json,
 )
-from flows.commands.tables import console, make_table, print_run_links
+from flows.tables.common import console, make_table, print_run_links
 from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TokenizeFlowConfig
 

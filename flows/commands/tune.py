@@ -19,7 +19,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from flows.commands.common import (
+from flows.shared.common import (
     JsonOption,
     NoTrackOption,
     apply_overrides,
@@ -30,7 +30,7 @@ from flows.commands.common import (
     rate,
     run_flow,
 )
-from flows.commands.options import (
+from flows.shared.options import (
     ApiKeyEnvOption,
     EngineOption,
     InputLenOption,
@@ -43,8 +43,8 @@ from flows.commands.options import (
     TokenizerOption,
     WarmupOption,
 )
-from flows.commands.tables import console, fmt_value, make_table, print_run_links
-from flows.commands.workload import check_dataset
+from flows.shared.workload import check_dataset
+from flows.tables.common import console, fmt_value, make_table, print_run_links
 from tasks.config import TuneFlowConfig
 
 
@@ -228,7 +228,7 @@ def print_capacities(result: dict) -> None:
     and MLflow keep them): the known repeats (``n``), the mean capacity with Student's t
     interval, each repeat's capacity, the output tokens/s at capacity, and ``best`` / ``tied``
     as the rule decided over the repeats' capacities (``tasks.tune.capacities``)."""
-    from flows.commands.tables import interval_text
+    from flows.tables.common import interval_text
     from tasks.tune.front import CAPACITY, CAPACITY_LEVEL
 
     chosen = result.get("best") or {}

@@ -18,12 +18,12 @@ from typing import Annotated, Any, Optional, TypeVar
 import typer
 from pydantic import BaseModel, ValidationError
 
-from flows.commands.inputs import comma_items as comma_items  # re-exported: the commands take them from here
-from flows.commands.inputs import fail_input
-from flows.commands.inputs import parse_list as parse_list
-from flows.commands.inputs import parse_slos as parse_slos
-from flows.commands.inputs import rate as rate
-from flows.commands.tables import console
+from flows.shared.inputs import comma_items as comma_items  # re-exported: the commands take them from here
+from flows.shared.inputs import fail_input
+from flows.shared.inputs import parse_list as parse_list
+from flows.shared.inputs import parse_slos as parse_slos
+from flows.shared.inputs import rate as rate
+from flows.tables.common import console
 from tasks.config import ConfigError, describe_validation_error, load_config
 
 T = TypeVar("T")
@@ -227,7 +227,7 @@ def run_flow(
     json_keys: tuple[str, ...] = (),
     **kwargs: Any,
 ) -> tuple[Any, dict]:
-    """Run ``flow`` for the CLI command ``name`` against :func:`flows.commands.prefect_api.prefect_api`;
+    """Run ``flow`` for the CLI command ``name`` against :func:`flows.shared.prefect_api.prefect_api`;
     write ``--json`` (``json_keys`` of the result plus ``mlflow_run_id``); return the final
     State and the result dict. A flow that failed with a result is reported by the caller.
 
@@ -239,8 +239,8 @@ def run_flow(
     """
     from prefect.exceptions import TerminationSignal
 
-    from flows.commands.prefect_api import prefect_api
     from flows.runs import latest_workdir
+    from flows.shared.prefect_api import prefect_api
     from tasks.phases import mark
 
     mark("preflight")
@@ -254,7 +254,7 @@ def run_flow(
             mark("flow_call")
             state = flow(*args, return_state=True, **kwargs)
             mark("flow_returned")
-    except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, or SIGTERM (flows.commands.app)
+    except (KeyboardInterrupt, TerminationSignal) as exc:  # Ctrl-C, or SIGTERM (flows.cli.main)
         code = interrupted_exit_code(getattr(exc, "signal", None))
         if not _SIGNALS:  # Prefect's handler took it and did not pass it on: the exit says which
             note_signal(code - 128)
@@ -281,7 +281,7 @@ _SIGNALS: list[int] = []
 
 
 def note_signal(signum: int) -> None:
-    """Remember a signal that is interrupting the command (``flows.commands.app``'s handlers
+    """Remember a signal that is interrupting the command (``flows.cli.main``'s handlers
     call it before raising KeyboardInterrupt): the exit code will say which."""
     _SIGNALS.append(signum)
 

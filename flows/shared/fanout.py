@@ -10,8 +10,8 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from flows.commands.common import fail_input
-from flows.commands.tables import console, fmt_value, make_table
+from flows.shared.common import fail_input
+from flows.tables.common import console, fmt_value, make_table
 
 TaskRunnerOption = Annotated[
     Optional[str],

@@ -1,5 +1,5 @@
 """A tracked stream's tracking writer (``tasks.tracking.writer``), started as early as the
-command line tells (``flows.commands.app.main``, before the CLI's own imports) and again, as a
+command line tells (``flows.cli.main.main``, before the CLI's own imports) and again, as a
 no-op, once the stream command has read its config (``flows.commands.stream``). Standard
 library only at import: it runs before anything else of the command."""
 

@@ -8,7 +8,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from flows.commands.common import fail_input
+from flows.shared.common import fail_input
 
 #: The chat template's tokens per turn (the role markers of a user and an assistant message)
 #: and at its opening (a default system prompt), for the context check, with some room:

@@ -3,7 +3,7 @@ roofline verdicts of each point, from the points' rows (keys ``breakdown`` and `
 
 from __future__ import annotations
 
-from flows.commands.tables import console, make_table
+from flows.tables.common import console, make_table
 
 
 def _label(point: dict) -> str:

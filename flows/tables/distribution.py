@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from flows.commands.tables import console, make_table
+from flows.tables.common import console, make_table
 
 
 def _piece(text: str) -> str:

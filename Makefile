@@ -1,7 +1,7 @@
 # The two commands a new user needs (see README): `make audit` and `make test`.
 # Both create .venv and install everything on first use; later runs skip the install
 # until pyproject.toml, the engine's build (tasks/engines/build.py) or the compiled stream read
-# (tasks/stream/_rx.c, built by pip) changes.
+# (tasks/wire/_rx.c, built by pip) changes.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 
 .PHONY: install audit test lint vllm docs docs-serve docs-images doctor
 
-$(STAMP): pyproject.toml tasks/stream/_rx.c tasks/engines/build.py
+$(STAMP): pyproject.toml tasks/wire/_rx.c tasks/engines/build.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	# torch first, pinned: the CPU build on local disk (an unpinned torch pulls GBs of CUDA).

@@ -25,7 +25,7 @@ from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_st
 from tasks.report import summary as report
 from tasks.report.baseline import SAMPLES_ARTIFACT, judge, log_history_plots
 from tasks.report.samples_file import write_samples
-from tasks.stream.errors import error_rate_exceeded, every_request_failed
+from tasks.wire.errors import error_rate_exceeded, every_request_failed
 
 
 def run_audit(config: AuditConfig, track: bool = True) -> dict:

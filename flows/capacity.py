@@ -41,7 +41,7 @@ def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
     the run ends FAILED)."""
     from tasks.endpoint import open_endpoint
     from tasks.pipeline.capacity import capacity_stage
-    from tasks.stream.errors import every_request_failed
+    from tasks.wire.errors import every_request_failed
 
     logger = get_run_logger()
     tags = {

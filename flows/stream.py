@@ -38,7 +38,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     from tasks.pipeline import stream_stage
     from tasks.pipeline.fanout import check_flow_task_runner
     from tasks.report import summary as report
-    from tasks.stream.errors import every_request_failed
+    from tasks.wire.errors import every_request_failed
 
     logger = get_run_logger()
     # the CLI checked these already; a run from the Prefect UI or a deployment had no CLI:

@@ -8,7 +8,7 @@ Standard library only (urllib): no client library, no event loop.
 The checks, in order (:func:`check_endpoint`):
 
 1. TCP: something accepts connections at the host and port (refused / no answer in
-   ``timeout_s``) -> ``base_url``. Through a proxy (:mod:`tasks.stream.proxy`: the rule every
+   ``timeout_s``) -> ``base_url``. Through a proxy (:mod:`tasks.wire.proxy`: the rule every
    path to the endpoint follows) the proxy must accept the connection, and for ``https`` grant
    a CONNECT tunnel to the endpoint (its refusal named with its status). For ``https``, a TLS
    handshake with the CA bundle (``endpoint.ca_bundle``, else the system store or
@@ -45,7 +45,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tasks.stream import endpoint_http
-from tasks.stream import proxy as proxies
+from tasks.wire import proxy as proxies
 
 __all__ = [
     "PreflightError",
@@ -82,7 +82,7 @@ class PreflightError(Exception):
 
 def check_reachable(base_url: str, timeout_s: float = 5.0, ca_bundle: str | None = None) -> None:
     """Something accepts a TCP connection at ``base_url``'s host and port, or at its proxy's
-    (:func:`tasks.stream.proxy.proxy_for`), which for ``https`` grants a CONNECT tunnel to it;
+    (:func:`tasks.wire.proxy.proxy_for`), which for ``https`` grants a CONNECT tunnel to it;
     for ``https``, the endpoint's certificate is trusted (``ca_bundle``, else the default store).
 
     Raises:

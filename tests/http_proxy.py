@@ -17,7 +17,7 @@ for the proxy itself: ``GET /counts`` -> ``{"connects": {target: n}, "requests":
 ``Proxy-Authorization`` values it received, for the tests that check what a client sent);
 ``GET /relays`` -> ``{"offset_ns": CLOCK_REALTIME - CLOCK_MONOTONIC, "relays": [[[rx_ns, write_ns,
 bytes], ...] per upstream connection]}``: each read relayed towards the client, with its kernel
-receive stamp on the proxy's upstream socket (CLOCK_REALTIME ns, 0: none; ``tasks.stream.rxclock``
+receive stamp on the proxy's upstream socket (CLOCK_REALTIME ns, 0: none; ``tasks.wire.rxclock``
 where importable) and the ``perf_counter_ns`` just before the proxy wrote it on (what the proxy
 itself adds to a chunk's arrival, for tests/benchmarks/proxy_tls.py);
 ``POST /reset`` zeroes them. Forwarded requests are rewritten to origin form, without the
@@ -46,7 +46,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 try:  # the kernel's receive stamps on the upstream sockets (the project installed)
-    from tasks.stream import rxclock
+    from tasks.wire import rxclock
 except ImportError:  # pragma: no cover - run outside the project's environment
     rxclock = None  # type: ignore[assignment]
 

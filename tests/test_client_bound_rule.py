@@ -1,6 +1,6 @@
 """The kernel clock's client-bound rule (issue 50): a level is flagged when its coalesced reads
 may have cost ITL gaps more than the tolerance, judged from what the client saw of its own
-loop (tasks.stream.rxclock.late_coalesced_gaps), not from a count of coalesced chunks.
+loop (tasks.wire.rxclock.late_coalesced_gaps), not from a count of coalesced chunks.
 
 Synthetic records on a known timeline (ms after a send at 1 s): what the instrument's
 truth would be is written beside each case. The benchmark against the real instrument is
@@ -8,11 +8,11 @@ tests/benchmarks/client_bound_flags.py."""
 
 from __future__ import annotations
 
-from tasks.stream import rxclock
 from tasks.stream.lag import LagFigures
 from tasks.stream.multiproc import merge_lags
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
+from tasks.wire import rxclock
 
 SEND_NS = 1_000_000_000
 

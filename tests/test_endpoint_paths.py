@@ -1,6 +1,6 @@
 """The calls to the endpoint beside the measured streams (issue 50, item 3): the ``/metrics``
 scrape, the gauge sampler, the prefix-cache reset and the pre-flight go the streams' way
-(tasks/stream/endpoint_http.py: the proxy rule of tasks/stream/proxy.py, the CA bundle's TLS) and
+(tasks/stream/endpoint_http.py: the proxy rule of tasks/wire/proxy.py, the CA bundle's TLS) and
 follow no redirect.
 
 Before: the scrape, the gauges and the reset used urllib's or http.client's defaults: the

@@ -1,4 +1,4 @@
-"""tasks.stream.h1: the stream client's HTTP/1.1 (RFC 9112) against scripted servers on 127.0.0.1.
+"""tasks.wire.h1: the stream client's HTTP/1.1 (RFC 9112) against scripted servers on 127.0.0.1.
 
 Each server writes exact bytes (split as the test says) so every framing the client meets is known:
 chunked with extensions and trailers, Content-Length, close-delimited, interim 1xx heads,
@@ -14,8 +14,8 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from tasks.stream import h1, reactor, rxclock
-from tasks.stream.pool import Pool
+from tasks.wire import h1, reactor, rxclock
+from tasks.wire.pool import Pool
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
@@ -96,7 +96,7 @@ async def _refuse_the_second_piece(pool: Pool) -> tuple[list[bytes], BaseExcepti
 
 @pytest.fixture(autouse=True, params=["compiled", "python"])
 def read_path(request, monkeypatch) -> str:
-    """Every test on both reads of a plain connection: the compiled one (tasks/stream/_rx.c) and
+    """Every test on both reads of a plain connection: the compiled one (tasks/wire/_rx.c) and
     the reactor's Python one, which runs where it could not be built."""
     if request.param == "python":
         monkeypatch.setattr(reactor, "_rx", None)
@@ -395,13 +395,13 @@ def test_a_head_that_is_not_http_names_the_part() -> None:
 
 def test_a_read_allocates_its_bytes_not_the_read_size() -> None:
     """Reads land in the reactor's one buffer and only their bytes are copied out
-    (tasks.stream.reactor.Reactor): 60 reads of 17 bytes peak far below one READ_BYTES
+    (tasks.wire.reactor.Reactor): 60 reads of 17 bytes peak far below one READ_BYTES
     (256 KiB), which each read allocated before (an mmap and munmap per read where malloc's mmap
     threshold is fixed, as a Dask worker fixes it); each piece stays whole after the next reads."""
     import socket
     import tracemalloc
 
-    from tasks.stream import reactor
+    from tasks.wire import reactor
 
     if not reactor.SUPPORTED:
         pytest.skip("no epoll: asyncio's transports read")
@@ -439,7 +439,7 @@ def test_a_read_allocates_its_bytes_not_the_read_size() -> None:
 
 def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole() -> None:
     """A plain connection's request goes out as far as the socket takes it, the rest as the
-    server reads (tasks.stream.reactor.PlainTransport.write): 16 MiB to a server reading in
+    server reads (tasks.wire.reactor.PlainTransport.write): 16 MiB to a server reading in
     64 KiB steps, then the next request on the same connection."""
     sizes: list[int] = []
 
@@ -470,7 +470,7 @@ def test_a_request_larger_than_the_socket_takes_at_once_is_sent_whole() -> None:
 
 
 def test_closing_the_pool_ends_a_response_in_flight_and_closes_its_socket() -> None:
-    """Pool.close closes the connections still reading (tasks.stream.reactor.Reactor.close): a
+    """Pool.close closes the connections still reading (tasks.wire.reactor.Reactor.close): a
     body being consumed then fails as a connection lost, and no socket stays open."""
 
     async def stall(reader, writer) -> None:

@@ -27,8 +27,8 @@ from tasks.config import (
     load_config,
 )
 from tasks.metrics import DEFAULT_THRESHOLDS_PCT
-from tasks.stream.errors import error_rate_exceeded
 from tasks.tracking import Tracker
+from tasks.wire.errors import error_rate_exceeded
 
 BIN = Path(sys.executable).parent / "infermeter"
 

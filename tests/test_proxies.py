@@ -1,6 +1,6 @@
 """Proxies and private CAs (issue 50, item 3): every path to an endpoint (the stream client's own
 HTTP/1.1, the openai transport, the pre-flight and its model list) follows ``HTTP(S)_PROXY`` /
-``NO_PROXY`` as tasks/stream/proxy.py says, and none of infermeter's own loopback calls does; a
+``NO_PROXY`` as tasks/wire/proxy.py says, and none of infermeter's own loopback calls does; a
 CA bundle option beside ``SSL_CERT_FILE``.
 
 Real parts: a forwarding proxy the tests own (tests/http_proxy.py: CONNECT and absolute-form
@@ -35,7 +35,7 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
 from tasks.preflight import PreflightError, check_endpoint
 from tasks.stream.client import stream_chat
 from tasks.stream.load import make_client
-from tasks.stream.proxy import ProxyError, bypassed, is_loopback, proxy_for, tls_context
+from tasks.wire.proxy import ProxyError, bypassed, is_loopback, proxy_for, tls_context
 
 BIN = Path(sys.executable).parent / "infermeter"
 NAME = "endpoint.test"  # resolved by the test proxy only

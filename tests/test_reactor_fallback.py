@@ -1,4 +1,4 @@
-"""tasks.stream.reactor's fallback: the stream client without asyncio's private attributes.
+"""tasks.wire.reactor's fallback: the stream client without asyncio's private attributes.
 
 The compiled read waits in the loop's own epoll, which needs asyncio's ``_selector``, ``_ready``
 and ``_scheduled`` (``reactor.probe`` checks them once per reactor). Where they are missing or of
@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tasks.stream import reactor
-from tasks.stream.pool import Pool
+from tasks.wire import reactor
+from tasks.wire.pool import Pool
 
 try:
     from tests import test_h1, test_stream_hot_path

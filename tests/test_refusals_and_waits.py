@@ -29,9 +29,9 @@ from tasks.stream.client import stream_chat
 from tasks.stream.levels import run_levels
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord, requests_frame
-from tasks.stream.responses import warm_openai_events
 from tasks.stream.settings import Connection, LevelSettings, level_settings
 from tasks.stream.timeline import level_timeline
+from tasks.wire.responses import warm_openai_events
 
 try:
     from tests import groundtruth_server as gt

@@ -26,8 +26,8 @@ from tasks.stats import aggregate_level
 from tasks.stream.client import build_request
 from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RequestRecord
-from tasks.stream.responses import chat_usage
 from tasks.stream.settings import LevelSettings
+from tasks.wire.responses import chat_usage
 
 try:
     from tests import groundtruth_server as gt

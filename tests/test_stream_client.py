@@ -24,13 +24,13 @@ import polars as pl
 import pytest
 
 from tasks.stats import aggregate_level
-from tasks.stream import errors
 from tasks.stream.client import build_request, stream_chat
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RecordWriter, RequestRecord, read_jsonl, write_parquet
 from tasks.stream.settings import Connection, LevelSettings, level_settings
 from tasks.stream.timing import ChunkTiming, chunk_timing, tpot_ms
+from tasks.wire import errors
 
 try:
     from tests import groundtruth_server as gt

@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 
 from tasks.stats import aggregate_level, meets_slos, percentile
-from tasks.stream import rxclock
 from tasks.stream.client import stream_chat
 from tasks.stream.levels import run_levels
 from tasks.stream.load import MAX_SEND_LEAD_S, arrival_offsets_s, make_client, open_connections, run_level
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings, level_settings
+from tasks.wire import rxclock
 
 try:
     from tests import groundtruth_server as gt

@@ -17,7 +17,7 @@ import pytest
 from tasks.stream.client import stream_chat
 from tasks.stream.load import FINE_WAIT_S, MAX_SEND_LEAD_S, SendLead, make_client, wait_until
 from tasks.stream.records import RequestRecord
-from tasks.stream.sse import SSEFramer, loads
+from tasks.wire.sse import SSEFramer, loads
 
 try:
     from tests import groundtruth_server as gt
@@ -38,7 +38,7 @@ def test_loads_reads_what_the_standard_library_reads() -> None:
     assert math.isnan(nan)
     assert loads(b"[Infinity, -Infinity]") == [math.inf, -math.inf]
     assert loads(b'{"t": "\\ud800"}') == {"t": "\ud800"}
-    # not JSON: json's own error, with the line, as tasks.stream.errors.classify reads it
+    # not JSON: json's own error, with the line, as tasks.wire.errors.classify reads it
     with pytest.raises(json.JSONDecodeError) as caught:
         loads(b'{"choices": [')
     assert caught.value.doc == '{"choices": ['
@@ -105,7 +105,7 @@ def test_a_stamped_stream_is_framed_in_each_reads_callback_with_its_times(server
     The order of the stamps (sent, then the kernel's, then the read's) holds in every attempt;
     how soon after each other they come is timing, which a client or instrument descheduled on
     2 shared cores can stretch for a few chunks (CI: 1 run in 3): measured up to 3 times."""
-    from tasks.stream import transports
+    from tasks.wire import transports
 
     blocks: list[bytes] = []  # every event handed on
     chat_events = transports.chat_events
@@ -235,7 +235,7 @@ _CHUNKS = [  # a stream of every kind the chat reader meets, in one order
 
 @pytest.mark.parametrize("typed", [True, False], ids=["typed", "general"])
 def test_a_chunk_read_typed_fills_the_state_the_general_reader_fills(typed, monkeypatch) -> None:
-    from tasks.stream import transports
+    from tasks.wire import transports
 
     if not typed:  # every chunk refused by the types: each goes to the general reader
 
@@ -268,8 +268,8 @@ def test_a_chunk_read_typed_fills_the_state_the_general_reader_fills(typed, monk
 
 
 def test_a_chunk_of_another_shape_is_refused_by_the_general_reader_with_its_reason() -> None:
-    from tasks.stream import transports
-    from tasks.stream.errors import StreamError
+    from tasks.wire import transports
+    from tasks.wire.errors import StreamError
 
     on_event = transports.chat_events(transports.new_state())
     with pytest.raises(StreamError, match="choices\\[0\\] is not an object"):
@@ -300,11 +300,11 @@ _READS = [  # a body read by read: every framing the compiled short path meets o
 
 @pytest.mark.parametrize("cut", [None, 7, 23])
 def test_the_compiled_short_path_hands_on_what_the_framing_does(cut, monkeypatch) -> None:
-    """``tasks/stream/_rx.c``'s ``sse_chunks`` (whole chunks of one one-line ``data:`` event each,
+    """``tasks/wire/_rx.c``'s ``sse_chunks`` (whole chunks of one one-line ``data:`` event each,
     straight to the reader) against the Python framing alone, read by read: the same events, with
     the same reads' stamps, the same body bytes counted, the same end. ``cut``: every read also
     split there (parts of chunks, of size lines)."""
-    from tasks.stream import h1, reactor
+    from tasks.wire import h1, reactor
 
     if not reactor.COMPILED:
         pytest.skip("the compiled read was not built here (tests/test_h1.py says why)")
@@ -356,7 +356,7 @@ def test_the_compiled_short_path_hands_on_what_the_framing_does(cut, monkeypatch
 
 
 def test_the_compiled_read_waits_only_while_nothing_else_is_due() -> None:
-    """``_rx.drain`` with the loop's epoll (``tasks.stream.reactor.Reactor._turn``): while only the
+    """``_rx.drain`` with the loop's epoll (``tasks.wire.reactor.Reactor._turn``): while only the
     reactor's connections become ready it goes on reading them as their bytes come, up to its
     deadline; a queued callback or another of the loop's readers ready ends the wait at once."""
     import collections
@@ -364,7 +364,7 @@ def test_the_compiled_read_waits_only_while_nothing_else_is_due() -> None:
     import socket
     import threading
 
-    from tasks.stream import reactor
+    from tasks.wire import reactor
 
     if not reactor.COMPILED:
         pytest.skip("the compiled read was not built here (tests/test_h1.py says why)")

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 
 from tasks.stats import aggregate_level, meets_slos
-from tasks.stream import quality, rxclock
+from tasks.stream import quality
 from tasks.stream.capacity import slo_misses
 from tasks.stream.client import stream_chat
 from tasks.stream.level_result import fill_output_tokens
@@ -26,7 +26,8 @@ from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 from tasks.stream.timing import decode_unobserved, tpot_ms
-from tasks.stream.usage import read_usage
+from tasks.wire import rxclock
+from tasks.wire.usage import read_usage
 
 try:
     from tests import groundtruth_server as gt

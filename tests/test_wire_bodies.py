@@ -17,10 +17,10 @@ import zlib
 
 import pytest
 
-from tasks.stream import codings, h1, transports
 from tasks.stream.client import SSEClient, stream_chat
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord
+from tasks.wire import codings, h1, transports
 
 try:
     from tests.wire_server import GAP_MS, TTFT_MS, WORDS, WireServer, chat_events, compressor
@@ -322,7 +322,7 @@ def test_an_answer_closed_by_its_finish_and_usage_without_done_ends_there(server
 @pytest.mark.parametrize("model", ["nodone", "open"])
 def test_the_openai_transport_ends_an_answer_left_open_too(server, model) -> None:
     """The openai client's stream reads on to the body's end without ``[DONE]`` (with it, openai
-    3.x drains 0.1 s at most: openai-python #3440's fix); tasks.stream.grace ends it."""
+    3.x drains 0.1 s at most: openai-python #3440's fix); tasks.wire.grace ends it."""
     start = time.perf_counter()
     r, after = _requests(server, model, "plain", transport="openai")
     took_s = time.perf_counter() - start

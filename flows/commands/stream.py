@@ -300,7 +300,7 @@ def command(
         print_levels(result["levels"])
     print_run_links(result)
     if result["error"]:
-        from tasks.stream.errors import every_request_failed
+        from tasks.wire.errors import every_request_failed
 
         if result["error"] == every_request_failed(result["levels"]):  # measured, none succeeded
             typer.echo(result["error"], err=True)

@@ -11,7 +11,7 @@ base_url right?", 50 of 50 times (issue 48).
 
 The requests are told apart where they are measured (:func:`server_gone`, on the server's pid,
 in every client process): a request refused or cut because that server is gone is of the class
-``server_died`` (:data:`tasks.stream.errors.SERVER_DIED`), not ``connection`` against the
+``server_died`` (:data:`tasks.wire.errors.SERVER_DIED`), not ``connection`` against the
 endpoint; a loopback server we started refuses no connection while it lives, and the request in
 flight at its death is cut by it. Standard library and psutil.
 """

@@ -23,7 +23,7 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def no_proxy_hosts(environ: MutableMapping[str, str] = os.environ) -> list[str]:
     """The hosts NO_PROXY names, in order, each once, read as urllib (and so httpx, requests)
-    and :mod:`tasks.stream.proxy` read it: ``no_proxy`` where it is set, even empty (which
+    and :mod:`tasks.wire.proxy` read it: ``no_proxy`` where it is set, even empty (which
     unsets the other), else ``NO_PROXY``."""
     value = environ["no_proxy"] if "no_proxy" in environ else environ.get("NO_PROXY", "")
     return list(dict.fromkeys(item.strip() for item in value.split(",") if item.strip()))

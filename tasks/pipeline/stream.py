@@ -17,12 +17,12 @@ from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.pipeline.stream_files import level_files, stage_plots
 from tasks.report import plots as plots_module
 from tasks.stats.interval import with_intervals
-from tasks.stream.errors import every_request_failed
 from tasks.stream.levels import Level, run_levels
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
 from tasks.tracking.writer import measuring, real_run_id, run_job
+from tasks.wire.errors import every_request_failed
 from tasks.workload.stage import run_salt, stage_workload
 
 STREAM_HEADLINE = metrics.headline("stream")

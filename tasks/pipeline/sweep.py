@@ -24,7 +24,6 @@ from tasks.pipeline.fanout import (
 )
 from tasks.report import distribution_plots
 from tasks.report import plots as plots_module
-from tasks.stream.errors import SERVER_DIED
 from tasks.stream.load import connect
 from tasks.stream.settings import Connection
 from tasks.sweep import (
@@ -39,6 +38,7 @@ from tasks.sweep import (
     sweep_headline,
 )
 from tasks.tracking import TrackingTarget, flatten_params
+from tasks.wire.errors import SERVER_DIED
 
 
 @task(name="sweep", **STAGE)

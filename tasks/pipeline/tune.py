@@ -27,13 +27,13 @@ from tasks.config import TuneFlowConfig
 from tasks.engines.server import ServerStartError
 from tasks.pipeline.capacity import capacity_stage
 from tasks.pipeline.stream import stream_stage
-from tasks.stream.errors import every_request_failed
 from tasks.tracking import Tracker, TrackingTarget
 from tasks.tune.capacities import CapacityOverRepeats, over_repeats
 from tasks.tune.front import INTERVAL_FIGURES, TunePoint, point
 from tasks.tune.grid import Configuration
 from tasks.tune.repeats import CombinedLevel, combine_levels
 from tasks.tune.serve import configuration_server
+from tasks.wire.errors import every_request_failed
 
 OUTCOME_ARTIFACT = "tune_configuration.json"
 #: what a level keeps in the outcome (its records stay in the stage's Parquet)

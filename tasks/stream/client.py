@@ -18,7 +18,7 @@ text-carrying chunks this module collects:
   per ``tool_calls[].index`` into the record's ``tool_calls``.
 - ``output_tokens``: the final usage's generated tokens when the server sends a count that can
   be trusted (asked for with ``stream_options={"include_usage": True}``; checked and read by
-  :func:`tasks.stream.usage.read_usage`: reasoning conventions, 0 for a stream with text, values
+  :func:`tasks.wire.usage.read_usage`: reasoning conventions, 0 for a stream with text, values
   that are not counts), else ``count_tokens(generated text)`` (the caller's tokenizer, without
   special tokens; GenAI-Perf counts the same way) with ``usage_problem`` saying why. Never the
   chunk count, never ``max_tokens``.
@@ -27,14 +27,14 @@ text-carrying chunks this module collects:
 - A stream that ends cleanly with text but without a ``finish_reason``, a usage or ``[DONE]``
   may have been cut anywhere (inference-perf #655): ``stream_broken``, not a success.
 - ``api="responses"`` (OpenAI's Responses API): its events are read into the same state by
-  :mod:`tasks.stream.responses` (text and reasoning deltas are the text chunks; the usage of
+  :mod:`tasks.wire.responses` (text and reasoning deltas are the text chunks; the usage of
   ``response.completed`` in the chat names); a body that ends before ``response.completed`` or
   ``response.incomplete`` is ``stream_broken``.
 
 Two transports give the same record: :class:`SSEClient` (our own HTTP/1.1 and SSE parser; the
 default of ``tasks.stream.load.make_client``) and the openai client's ``AsyncOpenAI``. Their
 receive loops (only a clock read, the text lookup and list appends inside; no logging, no
-tokenizing, no string joins) and why there are two are in :mod:`tasks.stream.transports`; this
+tokenizing, no string joins) and why there are two are in :mod:`tasks.wire.transports`; this
 module sends the request, reads the clock around it and builds the record.
 """
 
@@ -48,8 +48,11 @@ from typing import Any
 import openai
 
 from tasks.engines.death import server_gone
-from tasks.stream import codings, rxclock
-from tasks.stream.errors import (
+from tasks.stream.level_result import fill_cached_tokens, fill_output_tokens
+from tasks.stream.records import RequestRecord
+from tasks.stream.timing import chunk_timing
+from tasks.wire import codings, rxclock
+from tasks.wire.errors import (
     BAD_PAYLOAD,
     CONNECTION,
     EMPTY_RESPONSE,
@@ -58,14 +61,11 @@ from tasks.stream.errors import (
     classify,
     server_died_message,
 )
-from tasks.stream.level_result import fill_cached_tokens, fill_output_tokens
-from tasks.stream.openai_reader import receive_openai
-from tasks.stream.pool import Pool
-from tasks.stream.records import RequestRecord
-from tasks.stream.responses import receive_openai_responses, receive_responses, warm_openai_events
-from tasks.stream.timing import chunk_timing
-from tasks.stream.transports import new_state, receive_sse
-from tasks.stream.usage import read_usage
+from tasks.wire.openai_reader import receive_openai
+from tasks.wire.pool import Pool
+from tasks.wire.responses import receive_openai_responses, receive_responses, warm_openai_events
+from tasks.wire.transports import new_state, receive_sse
+from tasks.wire.usage import read_usage
 
 #: Sampling keys sent as named arguments of ``chat.completions.create``.
 _NAMED_SAMPLING = ("temperature", "top_p", "seed")
@@ -153,20 +153,20 @@ def build_request(
 
 class SSEClient:
     """An OpenAI-compatible chat-completions client over the stream client's own HTTP/1.1
-    (:mod:`tasks.stream.h1`); :func:`stream_chat` reads its streams with the SSE parser of
-    :func:`tasks.stream.transports.receive_sse`.
+    (:mod:`tasks.wire.h1`); :func:`stream_chat` reads its streams with the SSE parser of
+    :func:`tasks.wire.transports.receive_sse`.
 
     The same interface as the parts of ``AsyncOpenAI`` the stream client uses: ``api_key``,
     ``base_url`` and ``await close()``. ``request_timeout_s`` bounds connecting and each read
     (the wait for the next bytes), as the openai client's timeout does; there are no retries.
-    ``kernel_clock``: its sockets stamp receives in the kernel (:mod:`tasks.stream.rxclock`;
+    ``kernel_clock``: its sockets stamp receives in the kernel (:mod:`tasks.wire.rxclock`;
     Linux only, else the user-space clock). ``ca_bundle``: a PEM file of the CAs that sign the
     endpoint's certificate (else the system store or ``SSL_CERT_FILE``); a proxy the
-    environment names is used as :mod:`tasks.stream.proxy` says (:class:`tasks.stream.pool.Pool`).
+    environment names is used as :mod:`tasks.wire.proxy` says (:class:`tasks.wire.pool.Pool`).
 
     Raises:
         ValueError: ``base_url`` is not an http(s) URL.
-        tasks.stream.proxy.ProxyError: a proxy variable names a proxy it cannot use.
+        tasks.wire.proxy.ProxyError: a proxy variable names a proxy it cannot use.
         OSError: ``ca_bundle`` cannot be read.
     """
 
@@ -221,7 +221,7 @@ async def stream_chat(
 
     ``client``: an :class:`SSEClient` or an ``openai.AsyncOpenAI``; both give the same record.
     Every exception of the request or the stream is caught and classified
-    (``tasks.stream.errors.classify``); the record keeps what was measured before it. A
+    (``tasks.wire.errors.classify``); the record keeps what was measured before it. A
     stream that ends without a text chunk is an ``empty_response``. ``api_key_env`` (the
     NAME of the key's variable) is only used in the message of a 401/403.
 
@@ -230,7 +230,7 @@ async def stream_chat(
 
     ``api``: ``"chat"`` (``/chat/completions``), ``"completions"`` (``/completions``, text
     from ``choices[].text``) or ``"responses"`` (``/responses``, the Responses API's events:
-    :mod:`tasks.stream.responses`); the same definitions and error classes. ``history``: a
+    :mod:`tasks.wire.responses`); the same definitions and error classes. ``history``: a
     conversation's earlier messages (:func:`build_request`).
 
     ``server_pid``: the embedded server this command started, where it is the endpoint. A
@@ -343,7 +343,7 @@ def _build_record(
     """The record of one request from what its stream gave (DESIGN.md's definitions).
 
     The text chunks' times are their kernel receive stamps when every one has a usable stamp
-    (``tasks.stream.rxclock.kernel_arrivals``; the user-space ones are kept beside them), else
+    (``tasks.wire.rxclock.kernel_arrivals``; the user-space ones are kept beside them), else
     the user-space ones (``arrival_clock``), and where the kernel's were asked for
     (``kernel_clock``) ``clock_fallback`` says why they could not be used. ``identity``: the
     record's ``request_id``, ``level``, ``max_concurrency``, ``warmup``, ``send_ns`` and

@@ -39,11 +39,11 @@ from dataclasses import replace
 from typing import Any
 
 from tasks import asyncrun
-from tasks.stream import rxclock
 from tasks.stream.clocksync import Offset, Sample, estimate_offset
 from tasks.stream.level_result import LevelResult
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.wire import rxclock
 
 __all__ = ["PINGS", "Link", "client_task", "set_clock_skew", "sync", "when_orphaned"]
 

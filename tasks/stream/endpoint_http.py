@@ -4,16 +4,16 @@ The pre-flight's model list and probe (:mod:`tasks.preflight`), the ``/metrics``
 (:func:`tasks.stream.prometheus.scrape`), the gauge sampler's kept GETs
 (:class:`tasks.stream.gauges.GaugeSampler`) and the prefix-cache reset
 (:func:`reset_prefix_cache`) reach the user's endpoint as the measured streams do
-(:mod:`tasks.stream.pool`):
+(:mod:`tasks.wire.pool`):
 
-- through the proxy :func:`tasks.stream.proxy.proxy_for` names for the URL, or directly where it
+- through the proxy :func:`tasks.wire.proxy.proxy_for` names for the URL, or directly where it
   names none (loopback always: urllib's own environment rule lacks that one, so it is never
   consulted here); ``https`` through an HTTP ``CONNECT`` tunnel, ``http`` forwarded;
-- with the endpoint's TLS context (:func:`tasks.stream.proxy.tls_context`: the CA bundle,
+- with the endpoint's TLS context (:func:`tasks.wire.proxy.tls_context`: the CA bundle,
   ``endpoint.ca_bundle`` / ``Connection.ca_bundle``, else the default store or
   ``SSL_CERT_FILE``);
 - never following a redirect: a 3xx is the call's failure, its message naming where it points
-  (:func:`redirect_message`), as the stream client's is (``tasks.stream.errors``). Followed
+  (:func:`redirect_message`), as the stream client's is (``tasks.wire.errors``). Followed
   silently, the figures beside a level would describe another server than the one its streams
   measured, and a 301/302/303 turns a POST into a GET (RFC 9110 §15.4).
 
@@ -33,7 +33,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urljoin, urlsplit, urlunsplit
 
-from tasks.stream import proxy as proxies
+from tasks.wire import proxy as proxies
 
 __all__ = ["connection", "opener", "redirect_message", "reset_prefix_cache", "warn_once"]
 
@@ -58,7 +58,7 @@ def opener(url: str, ca_bundle: str | None = None) -> urllib.request.OpenerDirec
     redirect followed (a 3xx raises ``HTTPError``; its ``headers["Location"]`` says where).
 
     Raises:
-        tasks.stream.proxy.ProxyError: (a ``ConnectionError``) the proxy variable that applies
+        tasks.wire.proxy.ProxyError: (a ``ConnectionError``) the proxy variable that applies
             names a proxy that cannot be used; ``OSError``: ``ca_bundle`` cannot be read.
     """
     scheme = urlsplit(url).scheme
@@ -83,7 +83,7 @@ def connection(
     ``http.client`` follows no redirect.
 
     Raises:
-        tasks.stream.proxy.ProxyError: as :func:`opener`; ``OSError``: ``ca_bundle`` unreadable.
+        tasks.wire.proxy.ProxyError: as :func:`opener`; ``OSError``: ``ca_bundle`` unreadable.
     """
     parts = urlsplit(url)
     https = parts.scheme == "https"
@@ -108,7 +108,7 @@ def redirect_message(url: str, status: int, reason: str, location: str | None, t
     """A 3xx answer to ``url`` as an error: ``status`` and ``reason``, where it points
     (``location`` resolved against ``url``), that it was not followed; where ``url`` is the base
     URL plus ``tail`` (``/models``) and the target ends with ``tail`` too, the ``base_url`` that
-    would reach it (``set base_url to ...``), as ``tasks.stream.errors``' message."""
+    would reach it (``set base_url to ...``), as ``tasks.wire.errors``' message."""
     said = f"{status} {reason}".strip()
     if not location:
         return f"{url} answered {said} with no Location: a redirect that names no target; check the URL"

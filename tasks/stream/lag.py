@@ -36,7 +36,7 @@ The flag: a level is ``client_bound`` when the kept samples' p99 lag exceeds the
 On the kernel clock the probe is also evidence of when the loop was free: a sample written at
 ``w`` and read at ``r`` says the loop served what was ready at ``w`` by ``r``. The figures
 (:class:`LagFigures`) keep the samples as ``timeline`` for
-:func:`tasks.stream.rxclock.late_coalesced_gaps`, in this process only. Hence the interval,
+:func:`tasks.wire.rxclock.late_coalesced_gaps`, in this process only. Hence the interval,
 :data:`INTERVAL_MS`: a read whose chunks came together after an idle spell is cleared only by
 a sample within the 1 ms tolerance before it. Measured on the instrument (256 streams, 60
 chunks 10 ms apart, one process, 2 cores shared with other work, 2026-12-06, 4 exact levels,

@@ -38,10 +38,8 @@ from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
 from tasks.stream import endpoint_http, prometheus, quality
-from tasks.stream import proxy as proxies
 from tasks.stream.dask_cluster import dask_client
 from tasks.stream.dask_load import pooled_workers, run_level_dask
-from tasks.stream.errors import SERVER_DIED
 from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
@@ -49,6 +47,8 @@ from tasks.stream.quality import rate_text
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
 from tasks.taskrunner import parse_task_runner
+from tasks.wire import proxy as proxies
+from tasks.wire.errors import SERVER_DIED
 
 _LOG = logging.getLogger("infermeter.stream")
 

@@ -29,15 +29,15 @@ from collections.abc import Callable, Sequence
 import httpx2
 import openai
 
-from tasks.stream import proxy as proxies
-from tasks.stream import rxclock
 from tasks.stream.client import SSEClient, stream_chat
-from tasks.stream.errors import SERVER_DIED
 from tasks.stream.lag import LoopLagProbe
 from tasks.stream.level_result import LevelResult
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings, level_grid, session_max_tokens
+from tasks.wire import proxy as proxies
+from tasks.wire import rxclock
+from tasks.wire.errors import SERVER_DIED
 
 __all__ = ["arrival_offsets_s", "connect", "level_grid", "make_client", "open_connections", "run_level"]
 
@@ -368,14 +368,14 @@ def make_client(
     timeout applies to connecting and to each read (the wait for the next chunk). With no key a
     placeholder is sent (servers without auth ignore it). ``arrival_clock``: ``"kernel"``
     (default) stamps arrivals with the kernel's receive times where it can (``sse`` on Linux;
-    ``tasks.stream.rxclock``), ``"user"`` with the event loop's reads; the openai transport has
+    ``tasks.wire.rxclock``), ``"user"`` with the event loop's reads; the openai transport has
     only the user clock. ``ca_bundle``: a PEM file of the CAs that sign the endpoint's
     certificate (else the system store, or ``SSL_CERT_FILE``). Both transports take the proxy
-    :func:`tasks.stream.proxy.proxy_for` names (never for loopback), or none.
+    :func:`tasks.wire.proxy.proxy_for` names (never for loopback), or none.
 
     Raises:
         ValueError: an unknown transport.
-        tasks.stream.proxy.ProxyError: a proxy variable names a proxy the sse transport cannot use.
+        tasks.wire.proxy.ProxyError: a proxy variable names a proxy the sse transport cannot use.
         OSError: ``ca_bundle`` cannot be read.
     """
     if transport == "sse":  # its connections are the level's: the level's gate bounds them
@@ -388,7 +388,7 @@ def make_client(
     http_client = openai.DefaultAsyncHttpx2Client(
         timeout=httpx2.Timeout(request_timeout_s),
         limits=httpx2.Limits(max_connections=room, max_keepalive_connections=room),
-        # a 3xx is an error naming its Location (tasks.stream.errors), as on the own client: a
+        # a 3xx is an error naming its Location (tasks.wire.errors), as on the own client: a
         # followed redirect would charge the second request's time to the first
         follow_redirects=False,
         **({"verify": proxies.tls_context(ca_bundle)} if ca_bundle else {}),

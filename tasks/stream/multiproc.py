@@ -48,12 +48,12 @@ from typing import Any
 from tasks import asyncrun
 from tasks.bare_main import bare_main
 from tasks.phases import mark
-from tasks.stream import rxclock
 from tasks.stream.lag import LagFigures
 from tasks.stream.level_result import HistoryTokens, LevelResult, fill_output_tokens
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
+from tasks.wire import rxclock
 
 #: Seconds a process may take to start (spawn + imports) before the level fails.
 START_TIMEOUT_S = 120.0
@@ -78,7 +78,7 @@ def merge_lags(lags: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     loop's (largest p99: any late loop delays its chunks), its flag set when any loop's was;
     empty when none was measured.
 
-    The kernel clock's evidence (``tasks.stream.rxclock.late_coalesced_gaps``) is one loop's:
+    The kernel clock's evidence (``tasks.wire.rxclock.late_coalesced_gaps``) is one loop's:
     ``coalesced_late_gaps`` is summed when every loop counted its own (client processes); else
     the probes' samples (``tasks.stream.lag.LagFigures.timeline``) are joined when the loops
     ran one after another (repeats in one process), and dropped when they may have overlapped
@@ -194,7 +194,7 @@ def _child(
     started in), run the warm-up when given one (on the connection the level then reuses),
     report ready, wait for the start instant, run its share. (Its environment is the
     command's: :func:`start_fork_server`.)"""
-    # the transport (openai, tasks.stream.h1) is imported here, in the client process (the fork
+    # the transport (openai, tasks.wire.h1) is imported here, in the client process (the fork
     # server has it preloaded: client_context), never in the command's own process
     from tasks.stream.load import connect, open_connections, run_level
 

@@ -2,7 +2,7 @@
 
 A level's figures describe the server only while the client keeps up. What degrades them
 depends on the clock the arrivals were stamped with (``RequestRecord.arrival_clock``,
-:mod:`tasks.stream.rxclock`):
+:mod:`tasks.wire.rxclock`):
 
 - ``kernel``: each text chunk carries the kernel's receive time of the read that completed it,
   so a busy event loop does not delay the stamp. It fails only when the loop falls so far behind
@@ -13,12 +13,12 @@ depends on the clock the arrivals were stamped with (``RequestRecord.arrival_clo
   exact levels at 256 and 512 streams, issue 50). So the level is ``client_bound`` when the
   ITL gaps that *may* be off by more than ``lag_tolerance_ms`` exceed ``coalesced_tolerance``
   of all its gaps (default 1 %: above it the ITL p99 can be the client's):
-  :func:`tasks.stream.rxclock.late_coalesced_gaps` bounds each coalesced read's error by what
+  :func:`tasks.wire.rxclock.late_coalesced_gaps` bounds each coalesced read's error by what
   the client saw of its own loop (the connection's previous read, the reads of other
   connections and the loop-lag probe's samples before it), one loop at a time (client
   processes count their own: ``coalesced_late_gaps`` in ``lag``). ``coalesced_events`` and
   ``coalesced_event_fraction`` still count every chunk read over 1 ms late with the one before
-  (:func:`tasks.stream.rxclock.coalesced_events`): what happened, not what it cost.
+  (:func:`tasks.wire.rxclock.coalesced_events`): what happened, not what it cost.
 - ``user``: each chunk is stamped when the loop read it, late by the loop's lag; the level is
   ``client_bound`` when the loop-lag probe's p99 exceeds ``lag_tolerance_ms``
   (:mod:`tasks.stream.lag`). The probe is kept on the kernel clock too, as a diagnostic.
@@ -39,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from tasks.stats import percentile
-from tasks.stream import rxclock
+from tasks.wire import rxclock
 
 #: Default coalesced fraction of ITL gaps above which a kernel-clock level is client-bound.
 COALESCED_TOLERANCE = 0.01

@@ -49,7 +49,7 @@ class RequestRecord:
         stream_close_ms: to the end of the stream (after a late usage chunk / ``[DONE]``), or
             to the failure for a failed request.
         output_tokens: from the server's usage (source ``usage``: ``completion_tokens``, plus
-            ``reasoning_tokens`` where the usage reports them apart; ``tasks.stream.usage``) or
+            ``reasoning_tokens`` where the usage reports them apart; ``tasks.wire.usage``) or
             the configured tokenizer on the generated text without special tokens (source
             ``tokenizer``); never from a usage count that is not trusted.
         usage_problem: why the server's usage count was not used (0 for a stream with text, not
@@ -73,23 +73,23 @@ class RequestRecord:
             request neither passes nor fails a TPOT SLO: ``one_token``, ``one_chunk`` or
             ``one_read`` (every chunk arrived at one instant); None when it could
             (``tasks.stream.timing.decode_unobserved``).
-        error_class / error_message: None for a success (see ``tasks.stream.errors``).
+        error_class / error_message: None for a success (see ``tasks.wire.errors``).
         error_after_ms: send to the failure (the user's wait for it, e.g. a gateway's 524 after
             1.5 s), for every failed request on either transport; None for a success.
         token_offsets_ms: arrival time of every text-carrying chunk since send, on the clock
             ``arrival_clock`` names.
         arrival_clock: ``kernel`` (each chunk's time is the kernel's receive stamp of the read
-            that completed it, ``tasks.stream.rxclock``) or ``user`` (when the event loop read it).
+            that completed it, ``tasks.wire.rxclock``) or ``user`` (when the event loop read it).
         user_token_offsets_ms: the user-space arrivals beside kernel ones (empty for ``user``).
         clock_fallback: why the arrivals are on the user clock although the kernel's was asked
-            for (``tasks.stream.rxclock.kernel_arrivals``' reasons); None otherwise.
+            for (``tasks.wire.rxclock.kernel_arrivals``' reasons); None otherwise.
         coalesced_events: text chunks that came in the same read as the one before (kernel
             clock only; they share one stamp).
         connect_ms: send to the new connection being open (TCP, and TLS when https); None when a
             pooled connection was reused or the transport does not say.
         request_sent_ms: send to the request's last byte handed to the kernel; None unknown.
         content_encoding: the codings the body came in (``gzip``, ``deflate``, ``br``; decoded,
-            ``tasks.stream.codings``), None as sent: a compressing proxy that buffers its output
+            ``tasks.wire.codings``), None as sent: a compressing proxy that buffers its output
             (gzip without a flush per event) makes the arrival times its own, not the server's.
         send_lateness_ms: the request's bytes handed to the kernel (``send_ns`` +
             ``request_sent_ms``; the send call where that is unknown) minus the arrival the

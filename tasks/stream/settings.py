@@ -70,7 +70,7 @@ class LevelSettings:
             long has passed since the first measured arrival (those in flight finish and
             count); ``num_requests`` still caps the level, whichever comes first.
         api: ``"chat"`` (``/chat/completions``), ``"completions"`` (``/completions``) or
-            ``"responses"`` (``/responses``: ``tasks.stream.responses``).
+            ``"responses"`` (``/responses``: ``tasks.wire.responses``).
         output_lens: optional ``max_tokens`` per prompt (parallel to ``prompts``; a dataset's
             per-request output lengths, sent with ``ignore_eos``; a None entry and None =
             ``max_tokens``).

@@ -1,13 +1,13 @@
 /* The stream client's hot path, compiled: the reactor's read of every ready connection (drain,
- * tasks.stream.reactor.Reactor.read_ready) and the usual chunks of a read handed on as their
- * events (sse_chunks, below; tasks.stream.h1.Response.data_received).
+ * tasks.wire.reactor.Reactor.read_ready) and the usual chunks of a read handed on as their
+ * events (sse_chunks, below; tasks.wire.h1.Response.data_received).
  *
  * Per ready socket the Python reading costs a method per read (the transport's, then the stamped
  * socket's), the ancillary list recvmsg_into builds, its unpacking and a slice copy of the bytes:
  * ~2 us of a read's ~8 us (README "The read compiled"). This does the same in one call per loop
  * turn: epoll_wait with no wait on the reactor's epoll (man 7 epoll), one recvmsg per ready socket
  * into one buffer, its SO_TIMESTAMPNS kernel receive stamp (man 7 socket; the Python path:
- * tasks.stream.rxclock.StampedSocket.recv_into), the read's return on CLOCK_MONOTONIC (what
+ * tasks.wire.rxclock.StampedSocket.recv_into), the read's return on CLOCK_MONOTONIC (what
  * time.perf_counter_ns reads on Linux), and then exactly what the Python path does:
  *
  *   bytes read:  sock.read_ns = <return>; sock.rx_ns = <stamp> (when one came; sock may be None:
@@ -30,7 +30,7 @@
 #include <sys/socket.h>
 #include <time.h>
 
-#define READ_BYTES (256 * 1024) /* as tasks.stream.reactor.READ_BYTES */
+#define READ_BYTES (256 * 1024) /* as tasks.wire.reactor.READ_BYTES */
 #define MAX_EVENTS 1024
 
 static char buffer[READ_BYTES];
@@ -211,7 +211,7 @@ static PyObject *drain(PyObject *Py_UNUSED(module), PyObject *const *args, Py_ss
  * first chunk that is not whole or not such an event (a size with anything but hex digits, an
  * extension, the last chunk, two lines, a part), which the Python framing then reads. Returns the
  * bytes it consumed and the data bytes of those chunks. What each chunk is handed on as is what
- * tasks.stream.h1.Response and tasks.stream.sse.SSEFramer.sink hand on for it (tested both ways);
+ * tasks.wire.h1.Response and tasks.wire.sse.SSEFramer.sink hand on for it (tested both ways);
  * an exception of on_event propagates at once. */
 static int hex_value(char c) {
     if (c >= '0' && c <= '9')

@@ -1,5 +1,5 @@
 """Content codings of a streamed response (RFC 9110 §8.4): what the stream client accepts and the
-decoders :class:`tasks.stream.h1.Response` runs on a body sent compressed.
+decoders :class:`tasks.wire.h1.Response` runs on a body sent compressed.
 
 An endpoint behind a compressing proxy or router (one that compresses whatever it was asked, or
 anything) sends its SSE body with ``Content-Encoding: gzip`` (or ``deflate``, ``br``). The client

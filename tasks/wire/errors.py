@@ -26,8 +26,8 @@ from urllib.parse import urljoin
 
 import httpx2
 
-from tasks.stream.codings import EncodingError
-from tasks.stream.proxy import ProxyError
+from tasks.wire.codings import EncodingError
+from tasks.wire.proxy import ProxyError
 
 if TYPE_CHECKING:
     import openai
@@ -242,7 +242,7 @@ def classify(
     the stream -> server; other 4xx, and a 3xx (the message names its ``Location``: a redirect is
     not followed) -> bad_request; timeouts -> timeout; refused / DNS -> connection; connection
     or chunked body cut -> stream_broken; invalid JSON data line, and a body in a content coding
-    not decoded (``tasks.stream.codings.EncodingError``) -> bad_payload; :class:`StreamError`
+    not decoded (``tasks.wire.codings.EncodingError``) -> bad_payload; :class:`StreamError`
     keeps its own class.
     """
     error_class, message = _classify(exc, api_key_env=api_key_env, model=model, in_stream=in_stream)

@@ -1,6 +1,6 @@
 """An answer's end on the openai client's transport: after it, the body's end is awaited for
-:data:`tasks.stream.h1.END_GRACE_S` at most, as the stream client's own HTTP/1.1 awaits it
-(:meth:`tasks.stream.h1.Response.answered`).
+:data:`tasks.wire.h1.END_GRACE_S` at most, as the stream client's own HTTP/1.1 awaits it
+(:meth:`tasks.wire.h1.Response.answered`).
 
 Why: the openai client's stream (openai-python 3.x, ``AsyncStream.__stream__``) stops at
 ``[DONE]`` and drains what follows for 0.1 s at most (its ``drain_response_async``, the fix of
@@ -9,7 +9,7 @@ chunk, then a body kept open) or a Responses stream (``response.completed``, no 
 read until the body ends: a server or proxy that keeps it open made the request a ``timeout``
 after ``request_timeout_s`` (measured: 3.2 s for a 0.2 s answer under a 3 s bound; the case of
 tests/test_wire_bodies.py). Here the reader's ``state["answered"]()`` (the key of
-:func:`tasks.stream.transports.new_state`) arms an :func:`asyncio.timeout` around the read;
+:func:`tasks.wire.transports.new_state`) arms an :func:`asyncio.timeout` around the read;
 when it expires the read stops, the request complete in the time of its answer, and the openai
 client's stream is closed by its caller (the connection, its body not ended, is not reused).
 """
@@ -20,7 +20,7 @@ import asyncio
 from types import TracebackType
 from typing import Any
 
-from tasks.stream.h1 import END_GRACE_S
+from tasks.wire.h1 import END_GRACE_S
 
 
 class AnswerGrace:

@@ -1,19 +1,19 @@
 """HTTP/1.1 for the stream client: one POST and its streamed body, on a connection of
-:class:`tasks.stream.pool.Pool` (which keeps them alive).
+:class:`tasks.wire.pool.Pool` (which keeps them alive).
 
 The stream client's own HTTP/1.1 (RFC 9112: head §4-5, body length §6.3, chunked §7.1) over an
 asyncio protocol, in place of aiohttp (its request cost ~614 us of CPU against ~187 us here: README
 "Cheaper per chunk"). One ``data_received`` per read decodes the framing and hands the body's
-bytes, with the stamps of that read (``recvmsg`` on the :class:`tasks.stream.rxclock.StampedSocket`
+bytes, with the stamps of that read (``recvmsg`` on the :class:`tasks.wire.rxclock.StampedSocket`
 under the transport; for TLS the raw read that carried the record), to the reader's sink
 (:meth:`Response.consume`) in that same callback: the reading coroutine does not wake until the
 body ends (a wake per read, or per drain of what reads buffered, cost more than the parsing).
 Scope (what the endpoints the client measures send): status 200 with a chunked,
 ``Content-Length`` or close-delimited body; 1xx heads skipped; trailers read and dropped; a body in
-a content coding (gzip, deflate, br: :mod:`tasks.stream.codings`) decoded read by read, with each
+a content coding (gzip, deflate, br: :mod:`tasks.wire.codings`) decoded read by read, with each
 read's stamps (the fast paths are for bodies as sent); an answer that ended (``[DONE]``, or the
 finish and usage that close it) ends the request even where the body is never terminated
-(:meth:`Response.answered`); proxies are the pool's (:mod:`tasks.stream.proxy`); no upgrades, no
+(:meth:`Response.answered`); proxies are the pool's (:mod:`tasks.wire.proxy`); no upgrades, no
 redirects (a 3xx is the caller's error), no retries (a retried request would hide an error and
 stretch its latency). A malformed response raises :class:`ProtocolError`; a body in a coding it
 does not read or that does not decode, ``codings.EncodingError``; a connection lost
@@ -29,9 +29,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from tasks.stream import codings, rxclock
-from tasks.stream.reactor import _rx  # the compiled read, or None (tasks/stream/_rx.c)
-from tasks.stream.stall import Stall
+from tasks.wire import codings, rxclock
+from tasks.wire.reactor import _rx  # the compiled read, or None (tasks/wire/_rx.c)
+from tasks.wire.stall import Stall
 
 __all__ = ["ProtocolError", "Response", "Sink"]
 
@@ -329,9 +329,9 @@ class Response(asyncio.Protocol):
         """Hand the body to ``sink`` (:data:`Sink`), each piece in the loop callback of the read
         that delivered it (pieces that came with the head first, with their own reads' stamps),
         and return when the body has ended. ``events``: when ``sink`` is an SSE framer's
-        (``tasks.stream.sse.SSEFramer``), ``(the framer, its on_event)``: while the framer holds
+        (``tasks.wire.sse.SSEFramer``), ``(the framer, its on_event)``: while the framer holds
         nothing (``idle``), the whole chunks of a read that are each one one-line ``data:`` event
-        go straight to ``on_event`` (``tasks/stream/_rx.c``'s ``sse_chunks``, where it was built),
+        go straight to ``on_event`` (``tasks/wire/_rx.c``'s ``sse_chunks``, where it was built),
         as the framer would hand them on (a body in a coding: decoded first, the short paths not
         taken). Returns early after :meth:`answered`. Raises the response's failure:
         ``ConnectionError``, :class:`ProtocolError`, ``codings.EncodingError``, ``TimeoutError``

@@ -1,9 +1,9 @@
 """The openai client's receive loop (:func:`receive_openai`): one request's chunks, as the
 ``AsyncOpenAI`` client yields them, into the stream state of
-:func:`tasks.stream.transports.new_state`, the same state as the own client's
-(:func:`tasks.stream.transports.receive_sse`), so both give the same record. Why there are two
-transports: :mod:`tasks.stream.transports`. Apart from it because it shares nothing with the own
-client's readers but the state and :func:`tasks.stream.transports.add_tool_calls`.
+:func:`tasks.wire.transports.new_state`, the same state as the own client's
+(:func:`tasks.wire.transports.receive_sse`), so both give the same record. Why there are two
+transports: :mod:`tasks.wire.transports`. Apart from it because it shares nothing with the own
+client's readers but the state and :func:`tasks.wire.transports.add_tool_calls`.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks.stream.errors import SERVER, StreamError
-from tasks.stream.grace import AnswerGrace
-from tasks.stream.transports import add_tool_calls
+from tasks.wire.errors import SERVER, StreamError
+from tasks.wire.grace import AnswerGrace
+from tasks.wire.transports import add_tool_calls
 
 
 def _in_stream_error(chunk: Any) -> StreamError:
@@ -43,7 +43,7 @@ async def receive_openai(create: Any, kwargs: dict[str, Any], state: dict[str, A
     stream = await create(**kwargs)
     state["in_stream"] = True
     try:
-        async with AnswerGrace(state):  # the end of an answer without [DONE]: tasks.stream.grace
+        async with AnswerGrace(state):  # the end of an answer without [DONE]: tasks.wire.grace
             async for chunk in stream:
                 now_ns = perf()
                 state["chunks"] += 1

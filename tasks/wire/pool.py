@@ -1,8 +1,8 @@
-"""Keep-alive HTTP/1.1 connections to one origin for the stream client (:mod:`tasks.stream.h1`
+"""Keep-alive HTTP/1.1 connections to one origin for the stream client (:mod:`tasks.wire.h1`
 reads each response): a connection is reused only after its response ended as framed and the
 server kept it, and a level's connections can be opened before its start (:meth:`Pool.open_idle`).
-Plain connections are read through :mod:`tasks.stream.reactor`, TLS through asyncio's transport.
-Through a proxy (:mod:`tasks.stream.proxy`: ``HTTP(S)_PROXY``, ``NO_PROXY``, never for loopback)
+Plain connections are read through :mod:`tasks.wire.reactor`, TLS through asyncio's transport.
+Through a proxy (:mod:`tasks.wire.proxy`: ``HTTP(S)_PROXY``, ``NO_PROXY``, never for loopback)
 the connections are the proxy's: for ``https`` a CONNECT tunnel on the same kernel-stamped socket,
 then TLS over it; for ``http`` the requests are forwarded (absolute-form target, RFC 9112 §3.2.2),
 read by the reactor as direct ones are. Standard library only.
@@ -17,9 +17,9 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.stream import proxy as proxies
-from tasks.stream import reactor, rxclock
-from tasks.stream.h1 import Response
+from tasks.wire import proxy as proxies
+from tasks.wire import reactor, rxclock
+from tasks.wire.h1 import Response
 
 __all__ = ["Pool"]
 
@@ -27,8 +27,8 @@ __all__ = ["Pool"]
 class Pool:
     """Keep-alive connections to the origin of ``base_url`` (``http`` or ``https``; TLS trusting
     ``ca_bundle`` when given, else the default context, which honours ``SSL_CERT_FILE``:
-    :func:`tasks.stream.proxy.tls_context`), through the proxy the environment names for it
-    (:func:`tasks.stream.proxy.proxy_for`; ``connect_ns`` then spans the proxy's TCP, its CONNECT
+    :func:`tasks.wire.proxy.tls_context`), through the proxy the environment names for it
+    (:func:`tasks.wire.proxy.proxy_for`; ``connect_ns`` then spans the proxy's TCP, its CONNECT
     and the TLS handshake). A connection goes back to the pool
     only after its response ended as framed and the server did not ask to close it, and is not
     used again after ``keepalive_expiry_s`` idle: servers close an idle connection after 5 s
@@ -39,10 +39,10 @@ class Pool:
     ``kernel_clock``: the sockets stamp their reads in the kernel (``rxclock``; Linux).
 
     Raises (from :meth:`post`): ``OSError`` (``ConnectionError``) when no address accepts a
-    connection or the connection is lost before the head; :class:`tasks.stream.proxy.ProxyError`
+    connection or the connection is lost before the head; :class:`tasks.wire.proxy.ProxyError`
     (a ``ConnectionError``) when the proxy refuses the tunnel or answers 407 to a forwarded
     request, naming the proxy (never its credentials) and its status;
-    :class:`tasks.stream.h1.ProtocolError` for a head this client cannot read. Constructor:
+    :class:`tasks.wire.h1.ProtocolError` for a head this client cannot read. Constructor:
     ValueError for a URL that is not http(s), ProxyError for a proxy variable it cannot use,
     OSError (``FileNotFoundError``, ``ssl.SSLError``) for a CA bundle it cannot read.
     """
@@ -70,7 +70,7 @@ class Pool:
         self._addresses: list[tuple[Any, ...]] | None = None
         self._idle: list[tuple[Response, float]] = []  # with the time.monotonic() it went idle
         self._expiry_s = keepalive_expiry_s
-        self._reactor: reactor.Reactor | None = None  # plain connections' reads (tasks.stream.reactor)
+        self._reactor: reactor.Reactor | None = None  # plain connections' reads (tasks.wire.reactor)
         self._heads: dict[tuple[str, tuple[tuple[str, str], ...]], bytes] = {}
 
     def _request_bytes(self, url: str, headers: dict[str, str], body: bytes) -> bytes:

@@ -1,6 +1,6 @@
 """Which proxy a request to an endpoint goes through, the tunnel through it, and the TLS context.
 
-Every path to a configured endpoint (the stream client's :class:`tasks.stream.pool.Pool`, the
+Every path to a configured endpoint (the stream client's :class:`tasks.wire.pool.Pool`, the
 openai transport, and the calls beside the streams: the pre-flight and its model list, the
 ``/metrics`` scrapes, the gauge sampler, the prefix-cache reset, all through
 :mod:`tasks.stream.endpoint_http`) asks :func:`proxy_for` and follows its answer, so they never

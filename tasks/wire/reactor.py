@@ -7,17 +7,17 @@ the protocol's ``data_received``: about as much CPU per read as the chunk's own 
 private epoll (Linux, ``man 7 epoll``) that is itself one reader of the loop: one turn reads
 every connection that is ready (``epoll_wait`` with no wait), each with one ``recv`` handed
 straight to its protocol. The loop's own selector still decides when that turn comes, so the
-reads are as prompt as before, and their kernel stamps (:mod:`tasks.stream.rxclock`) are the
+reads are as prompt as before, and their kernel stamps (:mod:`tasks.wire.rxclock`) are the
 same stamps.
 
-:class:`PlainTransport` is the part of ``asyncio.Transport`` that :class:`tasks.stream.h1.Response`
+:class:`PlainTransport` is the part of ``asyncio.Transport`` that :class:`tasks.wire.h1.Response`
 uses: ``write`` (the request; what the socket does not take at once is sent when it can),
 ``close`` and ``is_closing``, with the protocol called as asyncio calls it (``connection_made``,
 ``data_received``, ``eof_received``, then ``connection_lost`` once, from a later loop turn when
 closed by the client). TLS connections, and platforms without epoll (:data:`SUPPORTED`), keep
 asyncio's transports.
 
-The read itself is compiled where it could be built (``tasks/stream/_rx.c``, :data:`COMPILED`:
+The read itself is compiled where it could be built (``tasks/wire/_rx.c``, :data:`COMPILED`:
 ~2 us less per read, README "The read compiled"); :meth:`Reactor.read_ready` in Python does the
 same where it could not, with the same stamps and the same calls.
 
@@ -43,10 +43,10 @@ import socket
 import time
 from typing import Any
 
-from tasks.stream import rxclock
+from tasks.wire import rxclock
 
 try:
-    from tasks.stream import _rx
+    from tasks.wire import _rx
 except ImportError:  # not built (no compiler at install, not Linux): the Python read below
     _rx = None  # type: ignore[assignment]
 
@@ -56,7 +56,7 @@ __all__ = ["FALLBACK_ENV", "SUPPORTED", "PlainTransport", "Reactor", "probe"]
 SUPPORTED = hasattr(select, "epoll")
 #: Bytes taken per read at most (asyncio's selector transport takes 256 KiB; _rx.c's READ_BYTES).
 READ_BYTES = 256 * 1024
-#: Whether the compiled read (``tasks/stream/_rx.c``) was built and is used.
+#: Whether the compiled read (``tasks/wire/_rx.c``) was built and is used.
 COMPILED = _rx is not None
 #: The longest the compiled read goes on waiting for bytes in one loop turn (s), when nothing
 #: else comes due on the loop before.

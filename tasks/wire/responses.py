@@ -1,5 +1,5 @@
 """The Responses API transport (``POST {base_url}/responses``, ``--api responses``): one
-request's events -> the stream state of :func:`tasks.stream.transports.new_state`.
+request's events -> the stream state of :func:`tasks.wire.transports.new_state`.
 
 OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it, and its
 ``bench serve`` has a Responses backend, vLLM PR #54628) streams SSE events with an ``event:
@@ -13,7 +13,7 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   ``tool_calls`` fragments are. An empty delta is not a token.
 - A refusal (``response.refusal.delta``; ``response.refusal.done``'s whole ``refusal`` where no
   delta came before it) is the answer's text too, and the state's ``refusal`` says so, as
-  chat's ``delta.refusal`` (:func:`tasks.stream.transports.chat_events`).
+  chat's ``delta.refusal`` (:func:`tasks.wire.transports.chat_events`).
 - ``response.completed``: the end; ``response.usage`` (``input_tokens``, ``output_tokens``,
   ``input_tokens_details.cached_tokens``, ``output_tokens_details.reasoning_tokens``,
   ``total_tokens``) is kept in the chat names (:func:`chat_usage`), so the record is built by
@@ -23,15 +23,15 @@ OpenAI's Responses API ("Streaming events" in its API reference; vLLM serves it,
   ``server``), as an error object inside a chat stream.
 - The request ends at ``response.completed`` / ``response.incomplete`` (or the error of
   ``response.failed``), even where the body is never terminated after it
-  (:meth:`tasks.stream.h1.Response.answered`; the openai client's: :mod:`tasks.stream.grace`).
+  (:meth:`tasks.wire.h1.Response.answered`; the openai client's: :mod:`tasks.wire.grace`).
 - A body that ends before ``response.completed`` or ``response.incomplete`` was cut, whatever
   it carried: ``stream_broken``, never a success (the class the chat transport gives a stream
   that ends without ``finish_reason``, usage or ``[DONE]``; vLLM PR #54628's review found a
   benchmark counting such streams as successes).
 
-Timing is the SSE transport's (:func:`tasks.stream.transports.read_sse`): every event gets the
+Timing is the SSE transport's (:func:`tasks.wire.transports.read_sse`): every event gets the
 ``time.perf_counter_ns()`` and the kernel's receive stamp of the read that completed it
-(:mod:`tasks.stream.rxclock`). The readers are the hot path: the type lookup and list appends.
+(:mod:`tasks.wire.rxclock`). The readers are the hot path: the type lookup and list appends.
 """
 
 from __future__ import annotations
@@ -39,12 +39,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from tasks.stream.errors import SERVER, STREAM_BROKEN, StreamError
-from tasks.stream.grace import AnswerGrace
-from tasks.stream.pool import Pool
-from tasks.stream.sse import loads
-from tasks.stream.transports import _event_error, _shape_error, arrived, read_sse
-from tasks.stream.usage import as_mapping
+from tasks.wire.errors import SERVER, STREAM_BROKEN, StreamError
+from tasks.wire.grace import AnswerGrace
+from tasks.wire.pool import Pool
+from tasks.wire.sse import loads
+from tasks.wire.transports import _event_error, _shape_error, arrived, read_sse
+from tasks.wire.usage import as_mapping
 
 #: Event types whose ``delta`` is generated text (a token-carrying chunk when not empty).
 TEXT_EVENTS = frozenset(
@@ -70,7 +70,7 @@ def chat_usage(usage: Any) -> dict[str, Any] | None:
     ``prompt_tokens_details.cached_tokens``, ``output_tokens_details.reasoning_tokens`` ->
     ``completion_tokens_details.reasoning_tokens`` (OpenAI counts them inside
     ``output_tokens``, as inside ``completion_tokens``). Values are passed as sent, to be
-    checked by :func:`tasks.stream.usage.read_usage`. None: no usage."""
+    checked by :func:`tasks.wire.usage.read_usage`. None: no usage."""
     usage = as_mapping(usage)
     if not usage:
         return None
@@ -170,10 +170,10 @@ async def receive_responses(
 ) -> None:
     """POST ``kwargs`` (:func:`tasks.stream.client.build_request` with ``api="responses"``) to
     ``url`` (``{base_url}/responses``) and read its SSE events into ``state``
-    (:func:`tasks.stream.transports.new_state`; module docstring for what each event does;
-    ``timeout_s``: :func:`tasks.stream.transports.read_sse`'s).
+    (:func:`tasks.wire.transports.new_state`; module docstring for what each event does;
+    ``timeout_s``: :func:`tasks.wire.transports.read_sse`'s).
 
-    SSE as :func:`tasks.stream.transports.receive_sse` reads it (``data:`` lines, blank line
+    SSE as :func:`tasks.wire.transports.receive_sse` reads it (``data:`` lines, blank line
     ends an event, ``\\r\\n`` accepted; ``event:`` lines are skipped: the data's ``type`` says
     the same). Raises: the openai client's exceptions for HTTP and transport failures,
     :class:`StreamError` for ``response.failed`` / ``error`` (``server``), a data line that is
@@ -254,7 +254,7 @@ async def receive_openai_responses(create: Any, kwargs: dict[str, Any], state: d
     stream = await create(**kwargs)
     state["in_stream"] = True
     try:
-        async with AnswerGrace(state):  # a body left open after the answer: tasks.stream.grace
+        async with AnswerGrace(state):  # a body left open after the answer: tasks.wire.grace
             async for event in stream:
                 now_ns = perf()
                 state["chunks"] += 1

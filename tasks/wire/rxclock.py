@@ -8,7 +8,7 @@ software receive timestamps) every ``recvmsg`` returns, as ancillary data, the
 ``CLOCK_REALTIME`` time at which the last segment it read was received.
 
 :class:`StampedSocket` is the socket the stream client's HTTP/1.1 connections use
-(:mod:`tasks.stream.h1`). asyncio's selector transport reads it with ``recv`` (or ``recv_into``
+(:mod:`tasks.wire.h1`). asyncio's selector transport reads it with ``recv`` (or ``recv_into``
 for a buffered protocol, which is what TLS uses: the stamp then belongs to the raw read that
 delivered the encrypted bytes, before decryption) and writes it with ``send``; the subclass reads
 with ``recvmsg`` instead and keeps the last read's kernel time and return time, and the time the
@@ -18,7 +18,7 @@ the user-space clock.
 
 Which read delivered which SSE event: the transport hands a read's bytes to the HTTP protocol in
 the same loop callback as the read, and the protocol hands the body's bytes, with that read's
-stamps, to the SSE reader in that callback too (``tasks.stream.h1.Sink``): an event is stamped
+stamps, to the SSE reader in that callback too (``tasks.wire.h1.Sink``): an event is stamped
 with the read that completed it. Events delivered by one read share its time: rightly when the
 server wrote them together; wrongly when the client fell behind, the kernel queued several
 segments and one late read took them all (the stamp is the last segment's). Those are

@@ -1,8 +1,8 @@
 """The parsing on the stream client's hot path: an SSE body's framing and its JSON.
 
 :class:`SSEFramer` cuts a body read in blocks into events, :func:`loads` decodes a data line;
-the readers of :mod:`tasks.stream.transports` (chat and completions) and
-:mod:`tasks.stream.responses` (the Responses API) use both, once per body piece and once per
+the readers of :mod:`tasks.wire.transports` (chat and completions) and
+:mod:`tasks.wire.responses` (the Responses API) use both, once per body piece and once per
 event: nothing else runs there (README "Cheaper per chunk" for what each costs).
 """
 
@@ -20,7 +20,7 @@ def loads(payload: bytes) -> Any:
     the standard library's: README "Cheaper per chunk"), and ``json``'s wherever orjson refuses
     the line: ``NaN``, ``Infinity`` and lone surrogates, which Python servers write and ``json``
     reads, or a line that is not JSON, which then raises ``json``'s own ``JSONDecodeError`` (the
-    error :func:`tasks.stream.errors.classify` reads). (Integers beyond 64 bits come as floats.)"""
+    error :func:`tasks.wire.errors.classify` reads). (Integers beyond 64 bits come as floats.)"""
     try:
         return orjson.loads(payload)
     except orjson.JSONDecodeError:
@@ -31,9 +31,9 @@ class SSEFramer:
     """Server-sent events framing of a body read in pieces (WHATWG HTML, "Server-sent events"):
     events end with a blank line; ``data:`` lines (one optional space after the colon) carry the
     payload, joined by ``\n`` when there are several; other lines (comments ``:``, ``event:``)
-    are skipped; ``\r\n`` line ends are accepted. Shared by ``tasks.stream.transports.receive_sse``
-    and ``tasks.stream.responses.receive_responses``, on their hot path: :meth:`sink` is the body's
-    reader (``tasks.stream.h1.Sink``), one call per body piece, no per-event generator, and a piece
+    are skipped; ``\r\n`` line ends are accepted. Shared by ``tasks.wire.transports.receive_sse``
+    and ``tasks.wire.responses.receive_responses``, on their hot path: :meth:`sink` is the body's
+    reader (``tasks.wire.h1.Sink``), one call per body piece, no per-event generator, and a piece
     that is one whole ``data: ...`` event (what a streaming server writes per chunk) is handed on
     without splitting it.
 

@@ -1,4 +1,4 @@
-"""A body's read bound for the stream client's HTTP/1.1 (:mod:`tasks.stream.h1`), without a
+"""A body's read bound for the stream client's HTTP/1.1 (:mod:`tasks.wire.h1`), without a
 timer per read.
 
 A timer armed and cancelled per read cost ~5 us a chunk at 128 streams; here one look per half

@@ -1,8 +1,8 @@
 """The receive loops of the two transports: one request's chunks -> the stream state.
 
-:func:`receive_sse` (the stream client's own HTTP/1.1, :mod:`tasks.stream.h1`, and SSE parser,
+:func:`receive_sse` (the stream client's own HTTP/1.1, :mod:`tasks.wire.h1`, and SSE parser,
 behind :class:`tasks.stream.client.SSEClient`) and
-:func:`tasks.stream.openai_reader.receive_openai` (the openai client's ``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
+:func:`tasks.wire.openai_reader.receive_openai` (the openai client's ``AsyncOpenAI``) fill the same state (:func:`new_state`): the arrival times
 (``time.perf_counter_ns()``) and texts of the text-carrying chunks, the final usage, the chunk
 count, the finish reason, and whether the stream was open. A text-carrying chunk is defined in
 :mod:`tasks.stream.client`'s docstring (for ``/completions``: a choice whose ``text`` is not
@@ -12,14 +12,14 @@ Separate from :mod:`tasks.stream.client` because this is the hot path and nothin
 the receive loops there is only a clock read, the text lookup and list appends: no logging, no
 tokenizing, no string joins. Transport failures are raised as the openai client would raise them
 (``openai.APIStatusError``, ``APITimeoutError``, ``APIConnectionError``), and an in-stream error
-object as a :class:`tasks.stream.errors.StreamError`, so one classifier
-(``tasks.stream.errors.classify``) serves both.
+object as a :class:`tasks.wire.errors.StreamError`, so one classifier
+(``tasks.wire.errors.classify``) serves both.
 
 Why two: the transports were chosen on numbers (``tests/benchmarks/stream_client.py``, README
 "Stream"): at 64 and 256 concurrent streams the openai client's per-chunk parsing (a pydantic
 model per chunk over httpx2) makes its own event loop the bottleneck and its measured ITL error
 p99 grows to ~0.1 s / ~1 s, while a byte-level SSE parser (then over aiohttp, now over
-:mod:`tasks.stream.h1`) stays within a few ms.
+:mod:`tasks.wire.h1`) stays within a few ms.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ import msgspec
 import openai
 import orjson
 
-from tasks.stream import h1
-from tasks.stream.errors import BAD_PAYLOAD, SERVER, StreamError
-from tasks.stream.pool import Pool
-from tasks.stream.sse import SSEFramer, loads
+from tasks.wire import h1
+from tasks.wire.errors import BAD_PAYLOAD, SERVER, StreamError
+from tasks.wire.pool import Pool
+from tasks.wire.sse import SSEFramer, loads
 
 #: The longest an error response's body may go without new bytes before it is taken as it is:
-#: a server or proxy that leaves it open (an answer's body: tasks.stream.h1.END_GRACE_S) must
+#: a server or proxy that leaves it open (an answer's body: tasks.wire.h1.END_GRACE_S) must
 #: not turn its status into a timeout after ``request_timeout_s``.
 ERROR_BODY_WAIT_S = 0.5
 
@@ -52,7 +52,7 @@ def new_state() -> dict[str, Any]:
     the read that delivered it returned, or when the openai client yielded it: the user-space
     clock), ``rx_ns`` (the
     kernel CLOCK_REALTIME receive time of the read that completed each text-carrying chunk, 0
-    where none; empty on a transport without stamps: :mod:`tasks.stream.rxclock`), ``parts``
+    where none; empty on a transport without stamps: :mod:`tasks.wire.rxclock`), ``parts``
     (list of str, their texts), ``usage`` (the last usage seen: a dict from SSE, the openai
     client's usage object, or None), ``chunks`` (int, every parsed chunk),
     ``finish_reason`` (str or None), ``refusal`` (the last refusal text chunk's, '' none: the
@@ -66,9 +66,9 @@ def new_state() -> dict[str, Any]:
     its final chunk, ``choices: []`` since llama.cpp #16048, or on the chunk with the
     ``finish_reason`` before; None: none sent). The final chunk's extras are read only on a
     chunk without choices or with a ``finish_reason``: never on every chunk. ``content_encoding``:
-    the body's codings (``"gzip"``; None: as sent; :mod:`tasks.stream.codings`); ``answered``: what
+    the body's codings (``"gzip"``; None: as sent; :mod:`tasks.wire.codings`); ``answered``: what
     a reader calls at its answer's end (``[DONE]``, or a usage after the ``finish_reason``, on its
-    chunk or a later one): :meth:`tasks.stream.h1.Response.answered`, ``grace.AnswerGrace``'s.
+    chunk or a later one): :meth:`tasks.wire.h1.Response.answered`, ``grace.AnswerGrace``'s.
     """
     return {
         "arrivals_ns": [],
@@ -91,7 +91,7 @@ def new_state() -> dict[str, Any]:
 
 def arrived(state: dict[str, Any], read_ns: int, rx_ns: int | None, text: str) -> None:
     """Keep a text chunk in ``state``: its text, its read's ``perf_counter_ns`` and, from a
-    stamped socket (``rx_ns`` not None), that read's kernel stamp (``tasks.stream.h1.Sink``)."""
+    stamped socket (``rx_ns`` not None), that read's kernel stamp (``tasks.wire.h1.Sink``)."""
     state["arrivals_ns"].append(read_ns)
     if rx_ns is not None:
         state["rx_ns"].append(rx_ns)
@@ -252,7 +252,7 @@ async def read_sse(
     send them) to ``url`` on ``pool`` and, once the status is 200, call ``on_event(payload,
     read_ns, rx_ns)`` for every SSE event of the body (:class:`SSEFramer`'s payloads) in the
     loop callback of the read that completed it, with that read's stamps
-    (``tasks.stream.h1.Sink``); return when the body has ended. Sets ``state["in_stream"]``,
+    (``tasks.wire.h1.Sink``); return when the body has ended. Sets ``state["in_stream"]``,
     ``state["sent_ns"]`` and, for a new connection, ``state["connect_ns"]``. ``timeout_s``
     bounds the wait for the response's head (connecting, sending, the server's first bytes)
     and each wait for the body's next bytes.
@@ -286,7 +286,7 @@ async def read_sse(
 def chat_events(state: dict[str, Any]) -> Callable[[bytes, int, int | None], None]:
     """The reader of a chat (or /completions) stream's events into ``state`` (:func:`new_state`):
     ``on_event(payload, read_ns, rx_ns)`` for every SSE event's payload, with the stamps of the
-    read that completed it (``tasks.stream.h1.Sink``). The usual chunk is read typed
+    read that completed it (``tasks.wire.h1.Sink``). The usual chunk is read typed
     (:data:`_decode_chunk`), any other by :func:`_read_event`, to the same state.
 
     ``on_event`` raises what :func:`_read_event` raises."""

@@ -16,7 +16,7 @@ process, four ways, interleaved over ``--rounds`` rounds:
 ``endpoint.test`` resolves only in the proxy (to 127.0.0.1), so those requests can only have gone
 through it (the proxy's counts are printed). Per path and round: ITL error p50 / p99 / max (ms:
 measured gap minus the true gap between the same two chunks' send stamps, on the kernel clock,
-``tasks.stream.rxclock``), TTFT error p50 (ms: first text chunk's arrival minus its send: the
+``tasks.wire.rxclock``), TTFT error p50 (ms: first text chunk's arrival minus its send: the
 proxy's relay is in it) and the lost requests; then each path over all rounds, and its ITL p99
 minus direct's. Target (issue 50): within 1 ms of direct at 16 streams (ITL p99 error).
 

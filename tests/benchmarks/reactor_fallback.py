@@ -1,6 +1,6 @@
 """Benchmark: what the reactor's fallback (no asyncio private attribute) costs the stream client.
 
-tasks.stream.reactor waits in the loop's own epoll (the ``wait`` path: asyncio's ``_selector``,
+tasks.wire.reactor waits in the loop's own epoll (the ``wait`` path: asyncio's ``_selector``,
 ``_ready``, ``_scheduled``) where its probe finds them; ``INFERMETER_REACTOR_FALLBACK=1`` forces
 the fallback (``read``: what is ready read each loop turn, public APIs only). This runs
 tests/benchmarks/stream_client.py (the instrument, the command a user runs) on both paths,
@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-FALLBACK_ENV = "INFERMETER_REACTOR_FALLBACK"  # tasks.stream.reactor.FALLBACK_ENV
+FALLBACK_ENV = "INFERMETER_REACTOR_FALLBACK"  # tasks.wire.reactor.FALLBACK_ENV
 MODES = {"wait": "0", "fallback": "1"}
 
 

@@ -10,7 +10,7 @@ same machine) at 1, 16, 64 and 256 concurrent streams of 60 chunks 10 ms apart, 
   ``.venv-vllm``: ``make vllm``), through tests/benchmarks/vllm_client.py.
 
 Per level and path it prints, for both clocks of the same run (``kernel``: each chunk's kernel
-receive stamp, ``tasks.stream.rxclock``; ``user``: when the event loop read it):
+receive stamp, ``tasks.wire.rxclock``; ``user``: when the event loop read it):
 
 - ITL error p50 / p99 / max (ms): measured gap minus the true gap between the instrument's send
   stamps of the same two chunks (CLOCK_MONOTONIC, shared by both processes);

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import typer
 
+from flows.cli.helptext import prose
 from flows.commands import (
     audit,
     capacity,
@@ -26,7 +27,7 @@ app = typer.Typer(
     name="infermeter",
     no_args_is_help=True,
     add_completion=False,
-    help="Measure LLM inference: tokenize, profile, stream, sweep; tracked in MLflow.",
+    help="Measure LLM inference, on this machine and against endpoints under load, with every run tracked in MLflow.",
 )
 
 # (name, callback), in the order `infermeter --help` lists them
@@ -47,4 +48,6 @@ COMMANDS = (
     ("doctor", doctor.command),
 )
 for _name, _callback in COMMANDS:
-    app.command(_name)(_callback)
+    # the docstring as prose: its source lines are wrapped at 100 columns, and typer's rich help
+    # would keep those breaks inside sentences (flows.cli.helptext.prose)
+    app.command(_name, help=prose(_callback.__doc__))(_callback)

@@ -48,7 +48,8 @@ def command(
         ),
     ] = None,
 ) -> None:
-    """Run the full audit: tokenize, local profile, remote stream, sampling sweep, report."""
+    """Audit an endpoint and its model end to end (tokenize, local profile, remote stream,
+    sampling sweep, report) and flag regressions against the baseline."""
     cfg = load_or_fail(config, AuditConfig)
     if baseline is not None and not baseline.strip():  # blank in a config is unset; typed, a typo
         fail_input(f"--baseline: no run id in {baseline!r}; give one or more MLflow run ids, comma-separated")

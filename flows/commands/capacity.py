@@ -102,7 +102,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Search the highest request rate whose goodput fraction meets the target."""
+    """Find the highest request rate an endpoint serves within its SLOs: the rate whose goodput
+    fraction still meets the target."""
     cfg = load_or_fail(config, CapacityFlowConfig)
     cfg = apply_overrides(
         cfg, "capacity", {"target": target, "max_levels": max_levels, "tolerance_pct": tolerance_pct}

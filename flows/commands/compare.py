@@ -48,7 +48,8 @@ def command(
         Optional[Path], typer.Option("--json", help="Write the rows as JSON.", callback=output_path)
     ] = None,
 ) -> None:
-    """Compare runs: params and headline metrics, with changes against the first run."""
+    """Compare MLflow runs side by side: their parameters and headline metrics, each with its
+    change against the first run."""
     from tasks.tracking import Tracker
 
     chosen = parse_list("--metrics", metrics, str)

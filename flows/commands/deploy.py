@@ -134,7 +134,8 @@ def command(
     limit: Annotated[int, typer.Option(help="Flow runs executed at once.")] = 1,
     timezone: TimezoneOption = None,
 ) -> None:
-    """Register and serve deployments of every flow against PREFECT_API_URL (Ctrl-C stops)."""
+    """Serve a Prefect deployment of every flow from this process, so that runs can be launched
+    from the Prefect UI, CLI or API (against PREFECT_API_URL; Ctrl-C stops)."""
     from prefect import serve
 
     serve(*_deployments(config, cron, timezone), limit=limit)
@@ -148,8 +149,11 @@ def deploy_command(
     cron: CronOption = None,
     timezone: TimezoneOption = None,
 ) -> None:
-    """Register every flow's deployment on a work pool; `prefect worker start --pool NAME` (any
-    machine with this repository's .venv, from any folder) runs them."""
+    """Register every flow's deployment on a Prefect work pool, so that workers on other machines
+    run them.
+
+    A worker is `prefect worker start --pool NAME`, started from any folder of a machine with this
+    repository's .venv."""
     from prefect.client.orchestration import get_client
     from prefect.exceptions import ObjectNotFound
 

@@ -64,8 +64,8 @@ def command(
     ] = False,
     json_path: JsonOption = None,
 ) -> None:
-    """Check what infermeter needs here (the engine answers, Prefect, MLflow, CPU, ports, disk),
-    each failure with its fix; exit 1 when one failed."""
+    """Check that this machine has what infermeter needs (the engine answers, Prefect, MLflow, CPU,
+    ports, disk), each failure with its fix; exits 1 when a check failed."""
     from tasks.doctor import run_checks
     from tasks.doctor.checks import MACHINE_CHECKS
 

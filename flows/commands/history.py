@@ -44,8 +44,8 @@ def command(
     ] = None,
     json_path: JsonOption = None,
 ) -> None:
-    """An endpoint's audit history: per metric each audit's figure with its interval and verdict,
-    the segments' means and the change points."""
+    """Show an endpoint's audit history, to see when a metric changed: per metric each audit's
+    figure with its interval and verdict, the segments' means and the change points."""
     from tasks.metrics import DEFAULT_THRESHOLDS_PCT, is_registered
     from tasks.report import history as audit_history
     from tasks.report.baseline import IDENTITY_TAGS, find_audits, workload, workload_differences

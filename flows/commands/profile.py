@@ -114,7 +114,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Profile prefill / decode, weights and KV cache inside a model, on this machine."""
+    """Profile a model on this machine: where prefill and decode time go, and how much memory its
+    weights and KV cache take."""
     cfg = load_profile_config(config)
     if device is not None and device not in ("auto", "cpu", "cuda"):
         fail_input(f"--device: {device!r} is not one of auto, cpu, cuda")

@@ -23,8 +23,8 @@ def command(
         Optional[str], typer.Option(help="Require the key held in this environment variable.")
     ] = None,
 ) -> None:
-    """Run the embedded server (llama.cpp, or vLLM with --engine vllm) in the foreground
-    (127.0.0.1); prints its base_url.
+    """Run the embedded server (llama.cpp, or vLLM with --engine vllm) on 127.0.0.1 in the
+    foreground, to stream from or try by hand; it prints its base_url.
 
     Ctrl-C (or SIGTERM) stops it; should it die, the command says how and exits 1. Without
     --api-key-env it takes no key.

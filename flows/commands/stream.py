@@ -224,7 +224,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Stream from an endpoint: TTFT / ITL / TPOT / E2E per request, under load levels."""
+    """Stream from an OpenAI-compatible endpoint under load and measure TTFT, ITL, TPOT and E2E
+    latency per request, level by level."""
     cfg = load_stream_config(config)
     # a trace sends every row unless --num-requests (or the config's file) says how many
     num_requests_given = num_requests is not None or "num_requests" in cfg.stream.model_fields_set

@@ -94,7 +94,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Sampling sweep: what temperature / top_p / top_k / seed do to the output and to speed."""
+    """Sweep sampling parameters (temperature, top_p, top_k, seed) to see what they do to the
+    output and to speed."""
     cfg = load_or_fail(config, SweepFlowConfig)
     cfg = apply_overrides(
         cfg,

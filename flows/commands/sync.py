@@ -27,7 +27,7 @@ def command(
     ] = None,
     json_path: JsonOption = None,
 ) -> None:
-    """Upload a run's records that its MLflow tracking server missed (it was away)."""
+    """Upload to MLflow what a run could not log while its tracking server was away."""
     from tasks.preflight import PreflightError
     from tasks.preflight_store import check_tracking_server
     from tasks.tracking.journal import offline_note, pending_entries

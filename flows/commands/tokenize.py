@@ -62,7 +62,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Tokenize texts with several tokenizers side by side: ids, pieces, counts, chars/token.
+    """Compare tokenizers on the same texts: ids, pieces, token counts and characters per token,
+    side by side.
 
     Default texts: English, Chinese, code and the seed's probes ('smart', 'smarter', 'token',
     'tokenization').

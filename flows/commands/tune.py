@@ -106,7 +106,8 @@ def command(
     json_path: JsonOption = None,
     no_track: NoTrackOption = False,
 ) -> None:
-    """Measure the server under each configuration of a grid; the Pareto front and the best."""
+    """Find the best server configuration: measure the server under each configuration of a grid,
+    then show the Pareto front and the best."""
     from tasks.engines.server import ServerStartError
     from tasks.tune.grid import TuneInputError, parse_server_params
     from tasks.tune.plan import plan

@@ -17,9 +17,9 @@ from prefect.states import Completed, Failed
 
 from flows.events import emit_regressed
 from flows.runs import model_label, parent_run, target_label
-from tasks.cache import first_level_figures
 from tasks.config import AuditConfig
-from tasks.endpoint import open_endpoint
+from tasks.endpoint.cache import first_level_figures
+from tasks.endpoint.spec import open_endpoint
 from tasks.engines.death import ServerDiedError, server_gone
 from tasks.pipeline import profile_stage, stream_stage, sweep_stage, tokenize_stage
 from tasks.report import summary as report

@@ -39,7 +39,7 @@ def run_capacity(config: CapacityFlowConfig, track: bool = True) -> dict:
     "ui_command", "runs_url"}`` (``capacity`` is ``CapacityResult.to_dict()``, None when it failed;
     ``error`` also says ``every request failed; ...`` when no measured request succeeded, and
     the run ends FAILED)."""
-    from tasks.endpoint import open_endpoint
+    from tasks.endpoint.spec import open_endpoint
     from tasks.pipeline.capacity import capacity_stage
     from tasks.wire.errors import every_request_failed
 

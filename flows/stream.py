@@ -13,7 +13,7 @@ from prefect import flow, get_run_logger
 
 from flows.runs import final_state, parent_run, target_label
 from tasks.config import StreamFlowConfig
-from tasks.preflight import check_flow_settings
+from tasks.endpoint.preflight import check_flow_settings
 
 # tasks.pipeline (torch, openai, matplotlib) is imported inside the body, so that loading this
 # module (deployments, the CLI) stays fast.
@@ -25,7 +25,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     or ``every request failed; ...`` when no measured request succeeded: the run ends FAILED).
 
     Raises:
-        tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
+        tasks.endpoint.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
     from tasks.phases import mark
 
     mark("flow_body")
@@ -33,8 +33,8 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
 
     if config.stream.task_runner == "threads":  # Dask workers run their own clients
         start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up
-    from tasks.cache import first_level_figures
-    from tasks.endpoint import open_endpoint
+    from tasks.endpoint.cache import first_level_figures
+    from tasks.endpoint.spec import open_endpoint
     from tasks.pipeline import stream_stage
     from tasks.pipeline.fanout import check_flow_task_runner
     from tasks.report import summary as report

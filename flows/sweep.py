@@ -14,7 +14,7 @@ from prefect import flow
 
 from flows.runs import final_state, model_label, parent_run, target_label
 from tasks.config import SweepFlowConfig
-from tasks.preflight import check_flow_settings
+from tasks.endpoint.preflight import check_flow_settings
 
 
 def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
@@ -23,10 +23,10 @@ def run_sweep(config: SweepFlowConfig, track: bool = True) -> dict:
     sampler's view rows of a local sweep, else None).
 
     Raises:
-        tasks.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
+        tasks.endpoint.preflight.SettingsError: a setting the pre-flight finds cannot work (one line)."""
     # imported here, not at the top: they pull in torch and transformers, which
     # `infermeter --help` does not need
-    from tasks.endpoint import open_endpoint
+    from tasks.endpoint.spec import open_endpoint
     from tasks.pipeline import sweep_stage
     from tasks.pipeline.fanout import check_flow_task_runner
     from tasks.report import summary as report

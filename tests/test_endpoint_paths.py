@@ -1,6 +1,6 @@
 """The calls to the endpoint beside the measured streams (issue 50, item 3): the ``/metrics``
 scrape, the gauge sampler, the prefix-cache reset and the pre-flight go the streams' way
-(tasks/stream/endpoint_http.py: the proxy rule of tasks/wire/proxy.py, the CA bundle's TLS) and
+(tasks/endpoint/endpoint_http.py: the proxy rule of tasks/wire/proxy.py, the CA bundle's TLS) and
 follow no redirect.
 
 Before: the scrape, the gauges and the reset used urllib's or http.client's defaults: the
@@ -29,11 +29,11 @@ try:
 except ImportError:  # tests/ is not a package: pytest put its folder on sys.path
     from test_proxies import BIN, NAME, _url, ca, env, plain_instrument, proxy, tls_instrument
 
-from tasks.cache import reset_refused
-from tasks.preflight import PreflightError, check_endpoint
-from tasks.stream.endpoint_http import reset_prefix_cache
-from tasks.stream.gauges import GaugeSampler
-from tasks.stream.prometheus import scrape
+from tasks.endpoint.cache import reset_refused
+from tasks.endpoint.endpoint_http import reset_prefix_cache
+from tasks.endpoint.gauges import GaugeSampler
+from tasks.endpoint.preflight import PreflightError, check_endpoint
+from tasks.endpoint.prometheus import scrape
 
 __all__ = ["ca", "env", "plain_instrument", "proxy", "tls_instrument"]  # fixtures, shared
 

@@ -199,7 +199,7 @@ def _records() -> list[RequestRecord]:
 
 
 def test_every_level_figure_is_registered() -> None:
-    from tasks.stream import prometheus
+    from tasks.endpoint import prometheus
     from tasks.stream.lag import LoopLagProbe
 
     level = aggregate_level(_records(), wall_s=2.0, goodput_slos={"ttft_ms": 250, "tpot_ms": 50})

@@ -1,4 +1,4 @@
-"""The server's prefix cache over a level (tasks/cache.py), on the instrument's ``prefix_cache``
+"""The server's prefix cache over a level (tasks/endpoint/cache.py), on the instrument's ``prefix_cache``
 scenario: a cache over the prompt's words whose counters carry vLLM's names, and whose usage
 reports ``prompt_tokens_details.cached_tokens``."""
 
@@ -8,8 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from tasks import cache
-from tasks.stream import prometheus
+from tasks.endpoint import cache, prometheus
 from tasks.stream.levels import run_levels
 from tasks.stream.settings import Connection, LevelSettings, Session
 
@@ -180,8 +179,8 @@ def test_sglang_and_vllm_pages_are_parsed_for_the_cache() -> None:
 def test_a_reset_refused_by_the_route_and_one_without_an_answer_are_told_apart() -> None:
     import socket
 
-    from tasks.cache import reset_refused
-    from tasks.stream.endpoint_http import reset_prefix_cache
+    from tasks.endpoint.cache import reset_refused
+    from tasks.endpoint.endpoint_http import reset_prefix_cache
 
     with socket.socket() as free:  # a port nothing listens on: the server is down
         free.bind(("127.0.0.1", 0))

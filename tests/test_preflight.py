@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.preflight import PreflightError, check_endpoint, check_hf_source
+from tasks.endpoint.preflight import PreflightError, check_endpoint, check_hf_source
 
 try:
     from tests import groundtruth_server as gt
@@ -258,7 +258,7 @@ def test_a_static_file_server_is_not_an_openai_endpoint(tmp_path) -> None:
 
 
 def test_a_refused_key_echoed_by_the_server_never_reaches_the_message() -> None:
-    from tasks.preflight import _key_error
+    from tasks.endpoint.preflight import _key_error
 
     body = '{"error": {"message": "invalid api key sk-test-0123456789"}}'
     error = _key_error(401, body, "MY_KEY", "sk-test-0123456789")
@@ -292,7 +292,7 @@ def test_a_tracking_uri_mlflow_cannot_open_exits_2_in_seconds(tmp_path, args) ->
 
 
 def test_tracking_uris_mlflow_can_open_pass(tmp_path) -> None:
-    from tasks.preflight_store import check_tracking_uri
+    from tasks.tracking.preflight_store import check_tracking_uri
 
     for uri in (
         f"sqlite:///{tmp_path}/mlflow.db",
@@ -349,7 +349,7 @@ def test_settings_checked_moments_ago_are_not_checked_again() -> None:
     import threading
     from types import SimpleNamespace
 
-    from tasks.preflight import check_settings
+    from tasks.endpoint.preflight import check_settings
 
     accepted: list[socket.socket] = []
     listener = socket.create_server(("127.0.0.1", 0))

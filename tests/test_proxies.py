@@ -32,7 +32,7 @@ except ImportError:  # tests/ is not a package: pytest put its folder on sys.pat
     import groundtruth_server as gt
     import http_proxy
 
-from tasks.preflight import PreflightError, check_endpoint
+from tasks.endpoint.preflight import PreflightError, check_endpoint
 from tasks.stream.client import stream_chat
 from tasks.stream.load import make_client
 from tasks.wire.proxy import ProxyError, bypassed, is_loopback, proxy_for, tls_context

@@ -116,7 +116,7 @@ def test_level_grid_is_the_cross_product() -> None:
 
 def test_settings_from_config_one_typed_level_each() -> None:
     """--max-concurrency reaches the level through one typed field, settings.max_concurrency."""
-    from tasks.endpoint import Endpoint
+    from tasks.endpoint.spec import Endpoint
     from tasks.stream.settings import settings_from_config
 
     endpoint = Endpoint(
@@ -280,7 +280,7 @@ def test_client_bound_flag_agrees_with_the_measured_error(server) -> None:
 
 
 def test_prometheus_parse_and_level_view() -> None:
-    from tasks.stream import prometheus
+    from tasks.endpoint import prometheus
 
     page_before = (
         "# HELP x\n# TYPE vllm:time_to_first_token_seconds histogram\n"
@@ -400,7 +400,7 @@ def test_synthetic_prompts_have_the_set_length() -> None:
 def test_stream_stage_levels_plots_and_synthetic_prompts(server, mlflow_store, tmp_path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from tasks.endpoint import Endpoint
+    from tasks.endpoint.spec import Endpoint
     from tasks.pipeline import stream_stage
     from tasks.tracking import TrackingTarget
 

@@ -67,7 +67,7 @@ def test_a_sweep_point_warms_up_and_blames_the_prompt_cache(mlflow_store, prefec
         )
         state = sweep(cfg, return_state=True)
         result = state.result()
-        # the flow's pre-flight (a one-token "ping", tasks.preflight) is not part of the point
+        # the flow's pre-flight (a one-token "ping", tasks.endpoint.preflight) is not part of the point
         sent = [b for b in server.stats()["requests"] if b.get("max_tokens") != 1]
     assert state.is_completed(), result
     [point] = result["points"]

@@ -21,10 +21,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks.endpoint.gauges import GAUGES, GaugeSample, GaugeSampler
 from tasks.metrics import is_registered
 from tasks.pipeline.timeline import _NOT_LOGGED, PREFIX
 from tasks.report.timeline_plot import timeline_plot
-from tasks.stream.gauges import GAUGES, GaugeSample, GaugeSampler
 from tasks.stream.records import RequestRecord
 from tasks.stream.timeline import level_timeline, sample_rows, windows
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tasks.cache import expected_cached_token_fraction
+from tasks.endpoint.cache import expected_cached_token_fraction
 from tasks.models import load_tokenizer
 from tasks.workload.trace import BLOCK_TOKENS, TraceError, build_trace, read_trace
 

@@ -50,7 +50,7 @@ def _descendants() -> set[int]:
 
 
 def test_histogram_quantiles_from_a_levels_bucket_increases() -> None:
-    from tasks.stream.prometheus import histogram_quantile, level_view, parse
+    from tasks.endpoint.prometheus import histogram_quantile, level_view, parse
 
     def page(counts):
         bounds = ("0.1", "0.2", "+Inf")
@@ -79,7 +79,7 @@ def test_histogram_quantiles_from_a_levels_bucket_increases() -> None:
 
 
 def test_cross_check_flags_a_client_the_server_contradicts() -> None:
-    from tasks.stream.prometheus import cross_check
+    from tasks.endpoint.prometheus import cross_check
 
     server = {
         "server_vllm_time_to_first_token_seconds_mean": 0.100,
@@ -148,7 +148,7 @@ def test_vllm_not_healthy_in_time_is_stopped_with_its_whole_process_group(tmp_pa
 def vllm_endpoint() -> Iterator:
     if MISSING:
         pytest.skip(f"{MISSING} (then rerun these tests)")
-    from tasks.endpoint import open_endpoint
+    from tasks.endpoint.spec import open_endpoint
 
     with open_endpoint(EndpointConfig(), ServerConfig(engine="vllm", startup_timeout_s=300)) as endpoint:
         yield endpoint

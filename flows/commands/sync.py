@@ -28,9 +28,9 @@ def command(
     json_path: JsonOption = None,
 ) -> None:
     """Upload to MLflow what a run could not log while its tracking server was away."""
-    from tasks.preflight import PreflightError
-    from tasks.preflight_store import check_tracking_server
+    from tasks.endpoint.preflight import PreflightError
     from tasks.tracking.journal import offline_note, pending_entries
+    from tasks.tracking.preflight_store import check_tracking_server
 
     if not run_folder.is_dir():
         fail_input(f"RUN_FOLDER: {run_folder} is not a folder; give the folder the run's output named")

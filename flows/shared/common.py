@@ -101,12 +101,12 @@ ENDPOINT_FLAGS = {
 
 
 def check_remote_endpoint(config: BaseModel, flags: dict[str, str] | None = None) -> None:
-    """Pre-flight of a configured remote endpoint (``tasks.preflight``): one request before
+    """Pre-flight of a configured remote endpoint (``tasks.endpoint.preflight``): one request before
     the first level; a wrong URL path (no ``/v1``), a refused key or a model the server does
     not serve exits 2 with one line naming the setting as ``flags`` spell it (default:
     ``endpoint.<field>``, the config's name) and the fix. The embedded server is not checked
     (this process starts it)."""
-    from tasks.preflight import PreflightError, check_settings
+    from tasks.endpoint.preflight import PreflightError, check_settings
 
     try:
         stream = getattr(config, "stream", None)  # a sweep streams chat; a stream may use completions
@@ -119,8 +119,8 @@ def check_hf_model(spec: str, name: str) -> None:
     """An ``hf:`` model spec that is neither a local folder, nor cached, nor reachable on a hub
     exits 2 in seconds with one line naming ``name`` (the flag or config path), instead of
     half a minute of download retries; a cached one is then loaded offline
-    (``tasks.preflight.check_hf_source``)."""
-    from tasks.preflight import PreflightError, check_hf_source
+    (``tasks.endpoint.preflight.check_hf_source``)."""
+    from tasks.endpoint.preflight import PreflightError, check_hf_source
 
     try:
         check_hf_source(spec, name)
@@ -130,9 +130,9 @@ def check_hf_model(spec: str, name: str) -> None:
 
 def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, model_setting: str) -> None:
     """The ``hf:`` tokenizers a tokenize stage would load (and ``model_spec`` for ``model``),
-    checked as :func:`check_hf_model` checks a model (``tasks.preflight.check_tokenizers``):
+    checked as :func:`check_hf_model` checks a model (``tasks.endpoint.preflight.check_tokenizers``):
     one line naming ``setting`` or ``model_setting``, exit 2, in seconds."""
-    from tasks.preflight import PreflightError, check_tokenizers
+    from tasks.endpoint.preflight import PreflightError, check_tokenizers
 
     try:
         check_tokenizers(names, model_spec, setting, model_setting)
@@ -143,15 +143,15 @@ def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, mod
 def preflight(track: bool, prefect: bool = True) -> None:
     """Fail fast, with one line naming the URL, when a configured server does not answer:
     the MLflow tracking server (when tracking; first, a ``MLFLOW_TRACKING_URI`` MLflow cannot
-    open: ``tasks.preflight_store.check_tracking_uri``, and a local store it would fail on, a file
-    store or a SQLite file that is no database: ``tasks.preflight_store.check_local_store``) and the Prefect API (when ``prefect`` and
+    open: ``tasks.tracking.preflight_store.check_tracking_uri``, and a local store it would fail on, a file
+    store or a SQLite file that is no database: ``tasks.tracking.preflight_store.check_local_store``) and the Prefect API (when ``prefect`` and
     PREFECT_API_URL is set; ``compare`` runs no flow). Without this a dead server costs
     minutes of client retries and a stack trace."""
     import urllib.error
     import urllib.request
 
-    from tasks.preflight import PreflightError
-    from tasks.preflight_store import check_local_store, check_tracking_server, check_tracking_uri
+    from tasks.endpoint.preflight import PreflightError
+    from tasks.tracking.preflight_store import check_local_store, check_tracking_server, check_tracking_uri
 
     checks = []
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")

@@ -85,7 +85,7 @@ def check_dataset(
     prompt source (``other_source`` truthy: --prompt / --prompts / --input-len), or names a file
     of the wrong shape or without a usable row (``tasks.workload.datasets.read_rows``). A ShareGPT
     file also goes through vLLM's length filter here, under the tokenizer the run will count
-    with (the endpoint's, as ``tasks.endpoint.open_endpoint`` picks it), so a file whose every
+    with (the endpoint's, as ``tasks.endpoint.spec.open_endpoint`` picks it), so a file whose every
     row fails it exits 2 before the run, naming the first such row. A trace (``mooncake:`` /
     ``trace:``) is read whole here, each row against the embedded server's context; where the
     command cannot replay one (``allow_trace`` False: capacity searches rates) it exits 2. A

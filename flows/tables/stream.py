@@ -8,7 +8,7 @@ from rich.console import Console
 
 from flows.tables.common import fmt_value, make_table
 
-#: The prefix-cache figures of a level (``tasks.cache``), as :func:`print_cache` shows them.
+#: The prefix-cache figures of a level (``tasks.endpoint.cache``), as :func:`print_cache` shows them.
 CACHE_COLUMNS = (
     ("prefix_cache_hit_rate", "hit rate\n(server)"),
     ("cached_token_fraction", "cached\n(usage)"),

@@ -190,7 +190,7 @@ def _vllm_launch(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_CACHE_ROOT": str(cache_dir() / "vllm"),
-        # the development routes, for POST /reset_prefix_cache between levels (tasks.cache);
+        # the development routes, for POST /reset_prefix_cache between levels (tasks.endpoint.cache);
         # the server listens on 127.0.0.1 only
         "VLLM_SERVER_DEV_MODE": "1",
     }

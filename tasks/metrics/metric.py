@@ -16,7 +16,7 @@ STAGES: tuple[str, ...] = ("tokenize", "profile", "stream", "sweep", "tune", "re
 
 _PLACEHOLDER = re.compile(r"<[a-z_]+>")
 #: What a placeholder matches: MLflow-safe key characters (tokenizers.metric_name, the
-#: Prometheus names of tasks.stream.prometheus).
+#: Prometheus names of tasks.endpoint.prometheus).
 _PLACEHOLDER_VALUE = r"[A-Za-z0-9_.-]+"
 
 

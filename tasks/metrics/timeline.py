@@ -1,4 +1,4 @@
-"""Registry entries of a level's timeline (``tasks.stream.timeline``, ``tasks.stream.gauges``):
+"""Registry entries of a level's timeline (``tasks.stream.timeline``, ``tasks.endpoint.gauges``):
 the step series on each level's run, one MLflow step per window, and the few scalars beside
 them. Spliced into :data:`tasks.metrics.registry.REGISTRY` through
 :data:`tasks.metrics.derived.LEVEL_DERIVED` (figures derived from a level's records).

@@ -11,7 +11,7 @@ from pathlib import Path
 from prefect import task
 
 from tasks.config import CapacityConfig, StreamConfig
-from tasks.endpoint import Endpoint
+from tasks.endpoint.spec import Endpoint
 from tasks.models import load_tokenizer
 from tasks.pipeline.common import STAGE, _token_counter, stage_logger
 from tasks.pipeline.timeline import log_timeline

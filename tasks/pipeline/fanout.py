@@ -152,8 +152,8 @@ def check_flow_task_runner(text: str | None, setting: str) -> None:
     it): fails the flow run before its first MLflow run, one line naming ``setting``.
 
     Raises:
-        tasks.preflight.SettingsError: a bad spec, or no scheduler at the address."""
-    from tasks.preflight import SettingsError
+        tasks.endpoint.preflight.SettingsError: a bad spec, or no scheduler at the address."""
+    from tasks.endpoint.preflight import SettingsError
 
     try:
         check_task_runner(text)

@@ -8,9 +8,10 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import cache, metrics
+from tasks import metrics
 from tasks.config import StreamConfig
-from tasks.endpoint import Endpoint
+from tasks.endpoint import cache
+from tasks.endpoint.spec import Endpoint
 from tasks.models import load_tokenizer
 from tasks.phases import mark
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger

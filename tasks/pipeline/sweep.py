@@ -12,7 +12,7 @@ from prefect import task
 
 from tasks import asyncrun, tokenizers
 from tasks.config import SweepConfig
-from tasks.endpoint import Endpoint
+from tasks.endpoint.spec import Endpoint
 from tasks.engines.death import server_died_error
 from tasks.pipeline.common import STAGE, StageRun
 from tasks.pipeline.fanout import (

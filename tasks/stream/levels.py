@@ -2,14 +2,14 @@
 
 Per level (:func:`run_levels`): the server's Prometheus ``/metrics`` is scraped after the
 warm-up and after the measured requests, its gauges sampled every 250 ms between
-(``tasks.stream.prometheus``, ``tasks.stream.gauges``; skipped when the server has none), the
+(``tasks.endpoint.prometheus``, ``tasks.endpoint.gauges``; skipped when the server has none), the
 level runs in this process or over client processes (``StreamConfig.client_processes``, at
 most the level's concurrency), its records are aggregated (``tasks.stats.aggregate_level``)
 beside the client's loop-lag figures, the server's own view and the client/server cross-check,
 and the short outputs are counted. Warnings go to the logger passed in: the client and
 the server disagree on TTFT/E2E, ``ignore_eos`` was sent but outputs came back short, the
 level is client-bound, and the prefix cache's measured share is off the expected one
-(``tasks.cache.mismatch_warning``; a workload built to share nothing found its prompts cached).
+(``tasks.endpoint.cache.mismatch_warning``; a workload built to share nothing found its prompts cached).
 
 A level of ``repeats`` > 1 (``StreamConfig.repeats``) is run that many times in a row, each a
 fresh start (its own warm-up, prefix-cache reset and scrapes); its figures are over every
@@ -32,15 +32,16 @@ from dataclasses import dataclass, replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks import cache, stats
+from tasks import stats
+from tasks.endpoint import cache, endpoint_http, prometheus
+from tasks.endpoint.gauges import GaugeSample, GaugeSampler
 from tasks.engines.death import server_died_error
 from tasks.metrics.registry import REPEAT_SPREAD
 from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
 from tasks.stats.samples import stream_units
-from tasks.stream import endpoint_http, prometheus, quality
+from tasks.stream import quality
 from tasks.stream.dask_cluster import dask_client
 from tasks.stream.dask_load import pooled_workers, run_level_dask
-from tasks.stream.gauges import GaugeSample, GaugeSampler
 from tasks.stream.level_result import LevelResult
 from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
 from tasks.stream.quality import rate_text
@@ -70,7 +71,7 @@ class Level:
             (repeated, ``settings.repeats > 1``: so each repeat in turn, ``repeat`` set).
         wall_s: first measured send to last measured completion (s); repeated: the repeats'
             summed (the throughput figures' denominator).
-        gauges: the server's gauges every 250 ms of the measured part (``tasks.stream.gauges``).
+        gauges: the server's gauges every 250 ms of the measured part (``tasks.endpoint.gauges``).
     """
 
     settings: LevelSettings

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from tasks.config import StreamConfig
-    from tasks.endpoint import Endpoint
+    from tasks.endpoint.spec import Endpoint
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,7 @@ class LevelSettings:
             None: not known.
         prompt_groups: each prompt's shared-prefix group (recorded as ``prefix_group``), or None.
         reset_cache: reset the server's prefix cache before the measured requests (where it
-            offers a reset: ``tasks.stream.endpoint_http.reset_prefix_cache``).
+            offers a reset: ``tasks.endpoint.endpoint_http.reset_prefix_cache``).
         sessions: conversations instead of single requests: measured "request" ``i`` is the
             closed-loop session ``sessions[i % len]`` of one user (its turns sent one after
             the other, each with the history of earlier turns and the replies the server gave:
@@ -90,7 +90,7 @@ class LevelSettings:
             users. None: single requests.
         cache_block_size_tokens: the server's prefix-cache block size in tokens where its
             metrics do not say it (``StreamConfig.cache_block_size_tokens``): the expected
-            share counts whole blocks (``tasks.cache.expected_cached_token_fraction``). None:
+            share counts whole blocks (``tasks.endpoint.cache.expected_cached_token_fraction``). None:
             the server's ``vllm:cache_config_info``, else per-token reuse.
 
     ``sampling`` / ``extra_body`` are plain dicts (picklable for client processes); treat

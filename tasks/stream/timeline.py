@@ -5,7 +5,7 @@ when TTFT rose with it, whether tokens/s held. The level's measured part is cut 
 sequential, non-overlapping windows of ``slice_s`` seconds (AIPerf's time slicing,
 ``--slice-duration``; there per-slice metrics are computed over each slice's requests), and per
 window the client's own figures are computed and the server's gauge samples
-(:mod:`tasks.stream.gauges`, every 250 ms) are summarised, all on one clock:
+(:mod:`tasks.endpoint.gauges`, every 250 ms) are summarised, all on one clock:
 ``time.perf_counter_ns()`` (CLOCK_MONOTONIC, the clock of ``RequestRecord.send_ns`` and its
 arrivals, and of the samples), so nothing is converted and nothing drifts.
 
@@ -51,8 +51,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from tasks.endpoint.gauges import COUNTERS, GaugeSample
 from tasks.stats import percentile
-from tasks.stream.gauges import COUNTERS, GaugeSample
 from tasks.stream.records import RequestRecord
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")

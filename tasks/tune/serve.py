@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tasks.config import EndpointConfig, ServerConfig
-from tasks.endpoint import Endpoint, EndpointError, open_endpoint
+from tasks.endpoint.spec import Endpoint, EndpointError, open_endpoint
 from tasks.engines.server import background_server, free_port
 
 

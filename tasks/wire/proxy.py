@@ -3,7 +3,7 @@
 Every path to a configured endpoint (the stream client's :class:`tasks.wire.pool.Pool`, the
 openai transport, and the calls beside the streams: the pre-flight and its model list, the
 ``/metrics`` scrapes, the gauge sampler, the prefix-cache reset, all through
-:mod:`tasks.stream.endpoint_http`) asks :func:`proxy_for` and follows its answer, so they never
+:mod:`tasks.endpoint.endpoint_http`) asks :func:`proxy_for` and follows its answer, so they never
 disagree on the way to the endpoint.
 
 The rule (:func:`proxy_for`), the one curl and urllib read from the environment:

@@ -29,7 +29,7 @@ class PrefixWorkload:
         prompt_tokens: each prompt's tokens (``prefix_len + suffix_len``, exact).
         groups: each request's group (0-based).
         blocks: each request's blocks for the expected cache share
-            (``tasks.cache.expected_cached_token_fraction``): ``(("g<seed>:<group>", prefix_len),
+            (``tasks.endpoint.cache.expected_cached_token_fraction``): ``(("g<seed>:<group>", prefix_len),
             ("s<seed>:<i>", suffix_len))``.
     """
 

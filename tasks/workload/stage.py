@@ -4,7 +4,7 @@
 prompts, synthetic ``--input-len`` prompts, a ``--dataset`` file, shared-prefix groups, a recorded
 trace), a :class:`StageWorkload`: the prompts (warm-up ones first), their token counts, their
 output lengths, each prompt's blocks for the expected prefix-cache share
-(``tasks.cache.expected_cached_token_fraction``), and for a trace its recorded schedule.
+(``tasks.endpoint.cache.expected_cached_token_fraction``), and for a trace its recorded schedule.
 
 Random tokens are drawn with the run's salt (``cfg.salt``, drawn per run when unset and
 recorded), so a second run against a long-lived server does not find the first's prompts in its

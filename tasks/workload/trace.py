@@ -94,7 +94,7 @@ class TraceWorkload:
         recorded_request_rate: requests / (last - first offset) in requests/s; None below 2.
         blocks: each prompt's blocks ``((key, tokens), ...)``: its hash blocks as cut to its
             length (``h<salt>:<id>``), then its own tokens (``r<salt>:<row>``), for the expected
-            cache share (``tasks.cache.expected_cached_token_fraction``).
+            cache share (``tasks.endpoint.cache.expected_cached_token_fraction``).
     """
 
     prompts: tuple[str, ...]

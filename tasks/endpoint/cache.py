@@ -28,15 +28,15 @@ said in the warning). :func:`mismatch_warning` says when the measured share is m
 
 Isolation: seeded prompts replayed against a long-lived server measure its cache, not the
 server (vLLM #54227: mean TTFT 49x lower). Before a level's measured requests the stream stage
-resets the cache where the server offers it (``tasks.stream.endpoint_http.reset_prefix_cache``:
+resets the cache where the server offers it (``tasks.endpoint.endpoint_http.reset_prefix_cache``:
 vLLM's ``POST /reset_prefix_cache``, in its development mode, on the endpoint's way: its proxy,
 its CA bundle); where it does not, the random prompts' per-run salt keeps one run's prompts out
 of the next's cache. A reset is not a cold start (the allocator, CUDA graphs and warm pages
 stay): the records say which one a level had.
 
-Pure functions over scrapes (``tasks.stream.prometheus.parse`` dicts) and records (the reset's
-HTTP call is the stream package's, beside its other calls to the endpoint: this module stays
-below it), and :class:`ExpectedCache`, what a perfect cache holds across a run's levels.
+Pure functions over scrapes (``tasks.endpoint.prometheus.parse`` dicts) and records (the reset's
+HTTP call is :mod:`tasks.endpoint.endpoint_http`'s, beside the other calls to the endpoint: this
+module makes none), and :class:`ExpectedCache`, what a perfect cache holds across a run's levels.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ UNEXPECTED_HIT_RATE = 0.01
 
 def reset_refused(why: str) -> str:
     """The warning for a prefix-cache reset that did not happen (``why``: what
-    ``tasks.stream.endpoint_http.reset_prefix_cache`` returned). A server that answered without
+    ``tasks.endpoint.endpoint_http.reset_prefix_cache`` returned). A server that answered without
     the route (or redirected it: not followed) keeps its cache between levels; one that did not
     answer at all is said to be unreachable, not to lack the route (a server that died during a
     run: its level's errors say the rest)."""
@@ -67,7 +67,7 @@ def reset_refused(why: str) -> str:
 
 
 #: (hits, queries) counter names, newest first: vLLM V1, vLLM V0's, then SGLang's (cached prompt
-#: tokens, summed over its ``cache_source`` label by ``tasks.stream.prometheus.parse``, against
+#: tokens, summed over its ``cache_source`` label by ``tasks.endpoint.prometheus.parse``, against
 #: every prompt token: sglang ``metrics/collector.py``).
 PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"),
@@ -75,7 +75,7 @@ PREFIX_CACHE_COUNTERS: tuple[tuple[str, str], ...] = (
     ("sglang:cached_tokens_total", "sglang:prompt_tokens_total"),
 )
 
-#: The scrape key that carries vLLM's cache block size (``tasks.stream.prometheus.parse`` keeps
+#: The scrape key that carries vLLM's cache block size (``tasks.endpoint.prometheus.parse`` keeps
 #: this one label of the ``vllm:cache_config_info`` info gauge).
 BLOCK_SIZE_SERIES = 'vllm:cache_config_info{block_size="'
 
@@ -85,7 +85,7 @@ MISMATCH_POINTS = 10.0
 
 
 def block_size_tokens(scrape: Mapping[str, float] | None) -> int | None:
-    """The server's cache block size in tokens, from its metrics (``tasks.stream.prometheus``'s
+    """The server's cache block size in tokens, from its metrics (``tasks.endpoint.prometheus``'s
     scrape): vLLM's ``vllm:cache_config_info{block_size="N"}``; None when the server does not
     publish it (SGLang's radix cache and llama.cpp reuse single tokens by default)."""
     for name in scrape or ():
@@ -106,7 +106,7 @@ def prefix_cache_hit_rate(
 
     Args:
         before, after: the server's metrics just before and just after the level
-            (``tasks.stream.prometheus.scrape``).
+            (``tasks.endpoint.prometheus.scrape``).
 
     Returns the ratio of the counters' increases (0..1), or None when a scrape is missing, the
     server has none of :data:`PREFIX_CACHE_COUNTERS`, or it looked up no token in the level.

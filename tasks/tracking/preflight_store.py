@@ -1,6 +1,6 @@
 """Pre-flight of the MLflow store a command writes to: the URI's scheme, a local store it would
 fail on (a file store, a SQLite file that is no database), a tracking server that answers. Each
-failure is a :class:`tasks.preflight.PreflightError` naming the store (any password hidden) and
+failure is a :class:`tasks.endpoint.preflight.PreflightError` naming the store (any password hidden) and
 the fix, before any stage runs."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import urllib.error
 import urllib.request
 from urllib.parse import urlsplit
 
-from tasks.preflight import PreflightError, _error_text
+from tasks.endpoint.preflight import PreflightError, _error_text
 
 #: The schemes of the tracking stores MLflow itself registers (``mlflow.tracking._tracking_service
 #: .utils``): a local path (no scheme) or ``file:``, a tracking server, Databricks, and the

@@ -1,6 +1,6 @@
 """The server's Prometheus gauges sampled during a level's measured requests, off the timed path.
 
-A level's ``/metrics`` scrapes before and after it (:mod:`tasks.stream.prometheus`) give what
+A level's ``/metrics`` scrapes before and after it (:mod:`tasks.endpoint.prometheus`) give what
 *changed* over the level; a gauge (requests running, waiting, KV-cache usage) means something
 only at an instant, so :class:`GaugeSampler` reads it every :data:`INTERVAL_S` (250 ms) while
 the level's measured requests run and keeps each reading with its time on the client's clock:
@@ -21,10 +21,10 @@ first scrape already found none.
 
 What is sampled: the names in :data:`GAUGES` (vLLM, SGLang, TGI, llama.cpp's native server) and
 the counters in :data:`COUNTERS` (vLLM's preemptions), each summed over its labels as
-:func:`tasks.stream.prometheus.parse` sums them (one engine: its value; several data-parallel
+:func:`tasks.endpoint.prometheus.parse` sums them (one engine: its value; several data-parallel
 engines: running / waiting add up, and a usage fraction then reads as their sum).
 
-Standard library only (and the stream package's Prometheus parser).
+Standard library only (and this room's Prometheus parser, :mod:`tasks.endpoint.prometheus`).
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from tasks.stream import endpoint_http, prometheus
+from tasks.endpoint import endpoint_http, prometheus
 
 #: Seconds between two samples (a GET that takes longer skips the ticks it overran).
 INTERVAL_S = 0.25
@@ -86,7 +86,7 @@ class GaugeSampler:
 
     Use as a context manager so the thread stops however the level ends. ``samples`` holds every
     reading in time order; read it after :meth:`stop`. The GETs go the endpoint's way
-    (:mod:`tasks.stream.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
+    (:mod:`tasks.endpoint.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
     followed (no sample; a warning naming where it points, once, to ``logger``).
     """
 
@@ -159,7 +159,7 @@ class GaugeSampler:
 class _KeptGet:
     """GETs of one URL on one kept HTTP/1.1 connection (RFC 9112 §9.3): a sample costs the server
     no new connection every 250 ms and its ``fetch_ms`` no connect. The connection is the
-    endpoint's (:func:`tasks.stream.endpoint_http.connection`: direct, tunnelled or forwarded
+    endpoint's (:func:`tasks.endpoint.endpoint_http.connection`: direct, tunnelled or forwarded
     through its proxy, its TLS context). After a failure, or a server that closes, the next GET
     opens a new one; a kept connection that the server closed while idle is retried once on a
     new one. ``get`` returns the page's text, or None (not 200, a redirect: not followed, no

@@ -1,8 +1,8 @@
 """The calls to the endpoint's host beside the measured streams, all on the streams' way there.
 
-The pre-flight's model list and probe (:mod:`tasks.preflight`), the ``/metrics`` scrapes
-(:func:`tasks.stream.prometheus.scrape`), the gauge sampler's kept GETs
-(:class:`tasks.stream.gauges.GaugeSampler`) and the prefix-cache reset
+The pre-flight's model list and probe (:mod:`tasks.endpoint.preflight`), the ``/metrics`` scrapes
+(:func:`tasks.endpoint.prometheus.scrape`), the gauge sampler's kept GETs
+(:class:`tasks.endpoint.gauges.GaugeSampler`) and the prefix-cache reset
 (:func:`reset_prefix_cache`) reach the user's endpoint as the measured streams do
 (:mod:`tasks.wire.pool`):
 
@@ -139,7 +139,7 @@ def reset_prefix_cache(
 
     Returns None when the server said yes (HTTP 2xx), else why not, in a few words (``HTTP 404``,
     ``HTTP 307 to URL, not followed``, ``connection refused``): a server without the route keeps
-    its cache (``tasks.cache.reset_refused`` words the warning).
+    its cache (``tasks.endpoint.cache.reset_refused`` words the warning).
     """
     root = base_url.rstrip("/")
     root = root[: -len("/v1")] if root.endswith("/v1") else root

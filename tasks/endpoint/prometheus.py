@@ -17,7 +17,7 @@ logs what changed beside the client's figures:
 
 Names are made MLflow-safe (``:`` and other characters become ``_``). A server without the
 endpoint gives None and nothing is logged. Format: Prometheus text exposition format 0.0.4.
-The scrape goes the endpoint's way (:mod:`tasks.stream.endpoint_http`: its proxy, its CA
+The scrape goes the endpoint's way (:mod:`tasks.endpoint.endpoint_http`: its proxy, its CA
 bundle); a redirect is not followed (None, and a warning naming where it points).
 
 ``cross_check`` then puts the server's latency histograms that have a client counterpart
@@ -36,13 +36,13 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
-from tasks.stream import endpoint_http
+from tasks.endpoint import endpoint_http
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?\s+(\S+)")
 _UNSAFE = re.compile(r"[^A-Za-z0-9_]")
 _LE = re.compile(r'le="([^"]+)"')
 #: Info gauges (value 1, the facts in their labels) whose one label is kept in the key, as
-#: ``NAME{LABEL="VALUE"}``: vLLM's cache block size (``tasks.cache.block_size_tokens``).
+#: ``NAME{LABEL="VALUE"}``: vLLM's cache block size (``tasks.endpoint.cache.block_size_tokens``).
 INFO_LABELS = {"vllm:cache_config_info": "block_size"}
 QUANTILES = (50, 90, 99)
 
@@ -152,7 +152,7 @@ def scrape(
 ) -> dict[str, float] | None:
     """The server's metrics now, or None when it has no Prometheus endpoint (any HTTP error,
     a connection failure, or a page that is not Prometheus text). On the endpoint's way
-    (:mod:`tasks.stream.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
+    (:mod:`tasks.endpoint.endpoint_http`: its proxy, ``ca_bundle``'s TLS); a redirect is not
     followed: None, and a warning naming where it points, once (``logger``)."""
     url = metrics_url(base_url)
     request = urllib.request.Request(url)

@@ -28,7 +28,7 @@ A redirect (3xx) at either call -> ``base_url``, naming where it points and the 
 would reach it: it is not followed (the run does not follow one either). Any other answer (other
 5xx, 400, 429, a slow server) is left to the run, which records it per request: pre-flight only
 stops settings that can never work. The HTTP calls go the endpoint's way
-(:mod:`tasks.stream.endpoint_http`: the proxy its URL is given, or none; the run's TLS context).
+(:mod:`tasks.endpoint.endpoint_http`: the proxy its URL is given, or none; the run's TLS context).
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ import urllib.request
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks.stream import endpoint_http
+from tasks.endpoint import endpoint_http
 from tasks.wire import proxy as proxies
 
 __all__ = [
@@ -152,7 +152,7 @@ def _call(
 ) -> tuple[int, str]:
     """(HTTP status, up to 2 kB of the body: the error text; empty for a 200 chat stream,
     which is not read) of ``{base}/{path}``. Status 0: no answer in time, or the connection
-    broke. On the endpoint's way (``tasks.stream.endpoint_http``: its proxy, its TLS context).
+    broke. On the endpoint's way (``tasks.endpoint.endpoint_http``: its proxy, its TLS context).
 
     Raises:
         PreflightError: (``base_url``) a redirect (not followed), naming where it points.

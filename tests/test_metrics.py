@@ -227,7 +227,7 @@ def test_every_level_figure_is_registered() -> None:
 def test_sweep_tokenize_and_gpu_figures_are_registered() -> None:
     from tasks.profile.gpu_metrics import GPU_METRIC_KEYS, summarize
     from tasks.sweep import SweepPoint, point_metrics
-    from tasks.tokenize import TokenizedText, summary_metrics
+    from tasks.tokenize.stage import TokenizedText, summary_metrics
 
     figures = point_metrics(SweepPoint(temperature=0.0), _records(), lambda text: list(text))
     rows = [TokenizedText(t, "ab", [1], ["ab"], 1, 2.0, 2.0) for t in ("model", "cl100k_base")]

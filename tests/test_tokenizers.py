@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
-from tasks import tokenizers
-from tasks.tokenize import summary_metrics, tokenize_prompts
+from tasks.tokenize import tokenizers
+from tasks.tokenize.stage import summary_metrics, tokenize_prompts
 
 BIN = Path(sys.executable).parent / "infermeter"
 

@@ -26,8 +26,8 @@ from flows.shared.common import (
     write_json,
 )
 from flows.tables.common import console, make_table, print_run_links
-from tasks import tokenizers
 from tasks.config import DEFAULT_TOKENIZE_PROMPTS, TokenizeConfig, TokenizeFlowConfig
+from tasks.tokenize import tokenizers
 
 DEFAULT_TOKENIZERS = "model,cl100k_base,qwen"
 

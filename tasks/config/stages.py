@@ -51,13 +51,13 @@ class TokenizeConfig(_Strict):
         default_factory=lambda: ["model"],
         min_length=1,
         description="Tokenizers to compare: model (the model's own), cl100k_base (OpenAI, "
-        "tiktoken), qwen (Qwen's BPE), hf:PATH_OR_ID, gguf:PATH. See tasks/tokenizers.py.",
+        "tiktoken), qwen (Qwen's BPE), hf:PATH_OR_ID, gguf:PATH. See tasks/tokenize/tokenizers.py.",
     )
 
     @field_validator("tokenizers")
     @classmethod
     def _tokenizer_names(cls, names: list[str]) -> list[str]:
-        from tasks.tokenizers import check_name
+        from tasks.tokenize.tokenizers import check_name
 
         for name in names:
             check_name(name)  # TokenizerError is a ValueError: one line naming the name

@@ -348,7 +348,7 @@ def check_tokenizers(
         PreflightError: ``setting`` (the tokenizer names' config path or flag) or
             ``model_setting`` (the model spec's).
     """
-    from tasks.tokenizers import MODEL
+    from tasks.tokenize.tokenizers import MODEL
 
     for name in names:
         if name == MODEL:

@@ -16,7 +16,7 @@ _CI_STREAM = tuple(
     f"{m}_{s}" for m in ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms") for s in ("mean", "p50", "p90", "p99")
 )
 REGISTRY: tuple[Metric, ...] = (
-    # tokenize (tasks/tokenize.py summary_metrics); only the model's own count is comparable
+    # tokenize (tasks/tokenize/stage.py summary_metrics); only the model's own count is comparable
     Metric(
         "token_count_model_total",
         "tokens",

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import asyncrun, tokenizers
+from tasks import asyncrun
 from tasks.config import SweepConfig
 from tasks.endpoint.spec import Endpoint
 from tasks.engines.death import server_died_error
@@ -37,6 +37,7 @@ from tasks.sweep import (
     run_points,
     sweep_headline,
 )
+from tasks.tokenize import tokenizers
 from tasks.tracking import TrackingTarget, flatten_params
 from tasks.wire.errors import SERVER_DIED
 

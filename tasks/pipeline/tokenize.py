@@ -7,11 +7,11 @@ from pathlib import Path
 
 from prefect import task
 
-from tasks import tokenizers
 from tasks.config import TokenizeConfig
 from tasks.pipeline.common import STAGE, StageRun
 from tasks.report import plots as plots_module
-from tasks.tokenize import summary_metrics, tokenize_prompts
+from tasks.tokenize import tokenizers
+from tasks.tokenize.stage import summary_metrics, tokenize_prompts
 from tasks.tracking import TrackingTarget
 
 
@@ -28,7 +28,7 @@ def tokenize_stage(
     ``token_count_<tokenizer>_total`` metrics.
 
     Raises:
-        tasks.tokenizers.TokenizerError: a tokenizer cannot be loaded (data file missing,
+        tasks.tokenize.tokenizers.TokenizerError: a tokenizer cannot be loaded (data file missing,
             SHA-256 mismatch, unknown name).
     """
     with StageRun(target, "tokenize", parent_run_id) as run:

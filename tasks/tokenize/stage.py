@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from tasks.tokenizers import Tokenizer, metric_name
+from tasks.tokenize.tokenizers import Tokenizer, metric_name
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class TokenizedText:
 
     Attributes:
         tokenizer: the tokenizer's name (``model`` for the model's own, ``cl100k_base``,
-            ``qwen``, ``hf:...``; see ``tasks.tokenizers``).
+            ``qwen``, ``hf:...``; see ``tasks.tokenize.tokenizers``).
         text: the prompt.
         ids: token ids, in order.
         pieces: each token decoded alone; a byte-level fragment of a multi-byte character
@@ -40,7 +40,7 @@ class TokenizedText:
 
 
 def tokenize_text(tokenizer: Tokenizer, text: str) -> TokenizedText:
-    """Tokenize one text without special tokens (``tasks.tokenizers.Tokenizer``)."""
+    """Tokenize one text without special tokens (``tasks.tokenize.tokenizers.Tokenizer``)."""
     ids = tokenizer.encode(text)
     count = len(ids)
     return TokenizedText(

@@ -51,19 +51,32 @@ _PERCENTILES: dict[str, float] = {s: float(s[1:]) for s in STAT_NAMES if s.start
 def percentile(sorted_values: Sequence[float], q: float) -> float | None:
     """The ``q``-th percentile (0..100) of already sorted values, numpy's 'linear' method.
 
-    ``h = (n - 1) * q / 100``; the result interpolates between ``x[floor(h)]`` and
-    ``x[floor(h) + 1]``. None for no values.
+    ``h = (n - 1) * (q / 100)``; the result interpolates between ``x[floor(h)]`` and
+    ``x[floor(h) + 1]`` in the order numpy's ``_lerp`` does (from the upper value when the
+    weight is >= 0.5), so it equals ``float(numpy.percentile(x, q))`` bit for bit
+    (tests/test_stats.py; 0 of 140,000 random cases differ in the benchmark below). None for no
+    values.
+
+    Not numpy itself, measured (``.venv/bin/python tests/benchmarks/library_pieces.py
+    percentile``, 2026-12-06, 2 loaded cores): one call on a sorted list of 10 or 100 values
+    takes 0.4 us against 39 / 48 us for ``numpy.percentile`` (which first makes the list an
+    array), and the stream's client processes import this module but not numpy, which would
+    add 138 ms to each one's start (40 ms bare, 178 ms importing numpy).
+
+    Raises:
+        ValueError: ``q`` outside [0, 100].
     """
     n = len(sorted_values)
     if n == 0:
         return None
     if not 0.0 <= q <= 100.0:
         raise ValueError(f"percentile must lie in [0, 100], got {q}")
-    h = (n - 1) * q / 100.0
+    h = (n - 1) * (q / 100.0)
     lo = math.floor(h)
     hi = min(lo + 1, n - 1)
-    lower = float(sorted_values[lo])
-    return lower + (h - lo) * (float(sorted_values[hi]) - lower)
+    lower, upper = float(sorted_values[lo]), float(sorted_values[hi])
+    weight, step = h - lo, upper - lower
+    return upper - step * (1.0 - weight) if weight >= 0.5 else lower + step * weight
 
 
 def summarize(values: Iterable[float | None]) -> dict[str, float | None]:

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RUN_MARK = "<!-- docs-test: run -->"
 #: Seconds one page's run blocks may take (their commands are small: a few requests each).
-PAGE_LIMIT_S = 180
+PAGE_LIMIT_S = 300
 
 
 def doc_files() -> list[Path]:

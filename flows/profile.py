@@ -22,7 +22,7 @@ from tasks.config import ProfileFlowConfig
 def run_profile(config: ProfileFlowConfig, track: bool = True, show_progress: bool = False) -> dict:
     """The flow's body: ``{"points", "headline", "error", "mlflow_run_id", "workdir",
     "ui_command", "runs_url"}`` (``error`` None, or why the stage failed)."""
-    from tasks.models import resolve
+    from tasks.models.sources import resolve
     from tasks.pipeline import ProfileSweepFailed, profile_stage
     from tasks.pipeline.fanout import check_flow_task_runner
 

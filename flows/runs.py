@@ -26,7 +26,7 @@ from prefect.states import Completed, Failed, State
 
 from tasks.config import TrackingConfig
 from tasks.environment import TORCH_FLOWS, environment_tags
-from tasks.models import DEFAULT_MODEL_NAME, REPO_ROOT
+from tasks.models.sources import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
 from tasks.tracking.run_owner import start_runs_lifeline
 from tasks.tracking.writer import STAND_IN, close_abandoned_later, flush, real_run_id

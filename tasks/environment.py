@@ -10,7 +10,7 @@ import platform
 import socket
 import subprocess
 
-from tasks.models import REPO_ROOT
+from tasks.models.sources import REPO_ROOT
 
 
 def git_commit() -> str:

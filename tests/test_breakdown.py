@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from tasks.models import load_model
+from tasks.models.sources import load_model
 from tasks.profile.breakdown import (
     PARTS,
     DecoderLayersNotFound,

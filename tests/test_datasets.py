@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tasks.config import StreamConfig
-from tasks.models import load_tokenizer
+from tasks.models.sources import load_tokenizer
 from tasks.workload.datasets import DatasetError, build_workload, read_rows
 from tasks.workload.stage import stage_workload
 

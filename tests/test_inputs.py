@@ -126,7 +126,7 @@ def test_total_token_throughput_counts_input_tokens() -> None:
 
 def test_text_prompts_get_their_token_counts() -> None:
     from tasks.config import StreamConfig
-    from tasks.models import load_tokenizer
+    from tasks.models.sources import load_tokenizer
     from tasks.workload.stage import stage_workload
 
     tokenizer = load_tokenizer("gguf:default")

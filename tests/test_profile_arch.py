@@ -13,8 +13,8 @@ from dataclasses import replace
 import pytest
 import torch
 
-from tasks.arch import ARCH_PRESETS, parameter_count
-from tasks.models import (
+from tasks.models.arch import ARCH_PRESETS, parameter_count
+from tasks.models.sources import (
     ModelSourceError,
     default_dtype,
     load_model,

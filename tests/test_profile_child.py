@@ -16,8 +16,8 @@ import time
 
 import psutil
 
-from tasks.arch import parameter_count
-from tasks.models import model_config
+from tasks.models.arch import parameter_count
+from tasks.models.sources import model_config
 from tasks.profile.grid import profile_points
 from tasks.profile.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.profile.runner import CHILD_PROCESS_FRACTION, run_sweep

@@ -259,7 +259,7 @@ def test_a_sharegpt_file_replays_its_human_turns_with_live_replies(server, tmp_p
         ["Name a fruit.", "ok ok", "And a colour?"],
         ["Name a fruit.", "ok ok", "And a colour?", "ok ok", "Thanks."],
     ]
-    from tasks.models import load_tokenizer
+    from tasks.models.sources import load_tokenizer
 
     tokenizer = load_tokenizer("gguf:default")
     answers = [len(tokenizer.encode(t, add_special_tokens=False)) for t in ("An apple is one fruit.", "Red.")]

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tasks.models import load_model
+from tasks.models.sources import load_model
 from tasks.sweep.distribution import entropy_bits, next_token_distributions, nucleus
 from tasks.sweep.local import chat_input_ids
 

@@ -383,7 +383,7 @@ def test_prompts_files(tmp_path: Path) -> None:
 
 
 def test_synthetic_prompts_have_the_set_length() -> None:
-    from tasks.models import load_tokenizer
+    from tasks.models.sources import load_tokenizer
 
     tokenizer = load_tokenizer("gguf:default")
     texts, counts = synthetic_prompts(tokenizer, 64, 6, seed=3)

@@ -226,7 +226,7 @@ def test_chinese_prompts_render_with_a_cjk_font_even_after_an_rc_reset(tmp_path)
 
 
 def test_the_backend_tokenizer_matches_transformers() -> None:
-    """tasks.models.load_tokenizer's BackendTokenizer (the tokenizers library alone, no
+    """tasks.models.sources.load_tokenizer's BackendTokenizer (the tokenizers library alone, no
     transformers import) gives what AutoTokenizer gives on the packaged SmolLM2 folder: the
     vocabulary size, the special ids in order, the ids of texts (Chinese, a literal special
     token, spaces; with and without special tokens), and the text of 300 random id sequences
@@ -235,7 +235,7 @@ def test_the_backend_tokenizer_matches_transformers() -> None:
 
     from transformers import AutoTokenizer
 
-    from tasks.models import BackendTokenizer, hf_folder, load_tokenizer, resolve
+    from tasks.models.sources import BackendTokenizer, hf_folder, load_tokenizer, resolve
 
     light = load_tokenizer("gguf:default")
     assert isinstance(light, BackendTokenizer)
@@ -260,7 +260,7 @@ def test_a_folder_the_backend_cannot_mirror_goes_to_transformers(tmp_path) -> No
     """A tokenizer_config.json with a setting the backend does not apply (here a space clean-up,
     then an unknown key) is not loaded by BackendTokenizer: load_tokenizer falls back to
     transformers for it."""
-    from tasks.models import BackendTokenizer, hf_folder, resolve
+    from tasks.models.sources import BackendTokenizer, hf_folder, resolve
 
     source = Path(hf_folder(resolve("gguf:default")))
     for name in ("tokenizer.json", "tokenizer_config.json"):
@@ -275,7 +275,7 @@ def test_a_folder_the_backend_cannot_mirror_goes_to_transformers(tmp_path) -> No
 def test_a_files_sha256_is_kept_until_the_file_changes(tmp_path) -> None:
     import hashlib
 
-    from tasks.filehash import cached_sha256
+    from tasks.models.filehash import cached_sha256
 
     model = tmp_path / "m.gguf"
     model.write_bytes(b"a" * 1000)

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from tasks.endpoint.cache import expected_cached_token_fraction
-from tasks.models import load_tokenizer
+from tasks.models.sources import load_tokenizer
 from tasks.workload.trace import BLOCK_TOKENS, TraceError, build_trace, read_trace
 
 

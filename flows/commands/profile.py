@@ -49,7 +49,7 @@ def load_profile_config(path: Path | None) -> ProfileFlowConfig:
 def check_input(cfg: ProfileFlowConfig) -> None:
     """Exit 2 with one line for what fails before loading: the spec, the preset, the device,
     a dtype the device cannot run, a prompt length over the model's context."""
-    from tasks.models import ModelSourceError
+    from tasks.models.sources import ModelSourceError
     from tasks.profile.grid import check_request
 
     p = cfg.profile

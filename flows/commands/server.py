@@ -31,7 +31,7 @@ def command(
     """
     from tasks.engines.death import ServerDiedError, server_gone
     from tasks.engines.server import EngineNotInstalledError, ServerStartError, check_engine, embedded_server
-    from tasks.models import ModelSourceError
+    from tasks.models.sources import ModelSourceError
 
     try:
         cfg = ServerConfig(model=model, n_ctx=n_ctx, engine=engine)

@@ -101,7 +101,7 @@ def check_endpoint_config(cfg: StreamFlowConfig) -> None:
             "or name the variable that holds the key"
         )
     if endpoint.tokenizer:
-        from tasks.models import ModelSourceError, resolve
+        from tasks.models.sources import ModelSourceError, resolve
 
         try:
             resolve(endpoint.tokenizer)

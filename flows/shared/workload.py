@@ -123,7 +123,7 @@ def check_dataset(
 
     kind, _, path = stream.dataset.partition(":")
     if kind == "sharegpt-multiturn":
-        from tasks.models import load_tokenizer
+        from tasks.models.sources import load_tokenizer
         from tasks.workload.conversation import read_sessions
 
         default = "gguf:default" if cfg.endpoint.base_url else cfg.server.model
@@ -151,7 +151,7 @@ def check_dataset(
     try:
         kind, _, _ = read_rows(stream.dataset)
         if kind == "sharegpt":
-            from tasks.models import load_tokenizer
+            from tasks.models.sources import load_tokenizer
 
             default = "gguf:default" if cfg.endpoint.base_url else cfg.server.model
             build_workload(stream.dataset, load_tokenizer(cfg.endpoint.tokenizer or default), count=1)

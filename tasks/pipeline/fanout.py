@@ -122,7 +122,7 @@ def run_points_on_dask(
 def worker_model(
     spec: str, dtype: str = "float32", device: str = "cpu", num_layers: int | None = None
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) as :func:`tasks.models.load_model` gives them, loaded once per
+    """(model, tokenizer) as :func:`tasks.models.sources.load_model` gives them, loaded once per
     process: on a Dask worker every point (of every sweep or profile) that worker runs shares
     one load. :data:`MODEL_LOADS` counts the loads."""
     return _cached_model(spec, dtype, device, num_layers)  # one cache key however it is called
@@ -130,7 +130,7 @@ def worker_model(
 
 @lru_cache(maxsize=4)
 def _cached_model(spec: str, dtype: str, device: str, num_layers: int | None) -> tuple[Any, Any]:
-    from tasks.models import load_model
+    from tasks.models.sources import load_model
 
     key = f"{spec}|{dtype}|{device}|{num_layers}"
     MODEL_LOADS[key] = MODEL_LOADS.get(key, 0) + 1

@@ -106,7 +106,7 @@ def profile_stage(
     Raises:
         ProfileSweepFailed: no point succeeded (its ``points`` say why each failed).
     """
-    from tasks.models import resolve
+    from tasks.models.sources import resolve
     from tasks.profile.breakdown_report import analysis_metrics, decode_verdict
     from tasks.profile.grid import chosen_dtypes, profile_points, steps_swept
     from tasks.profile.journal import append_point, write_points
@@ -210,7 +210,7 @@ def _on_dask(choice: DaskChoice, cfg: ProfileConfig, points, device, on_point, b
     """The points as Dask tasks (:mod:`tasks.pipeline.fanout`), ``on_point`` as each comes back
     (finishing order); results in the order of ``points``. A point lost with its workers is
     failed with the cause (no measurement; ``memory_estimate_bytes`` 0: not estimated here)."""
-    from tasks.models import resolve
+    from tasks.models.sources import resolve
     from tasks.profile.result import ProfilePointResult
 
     first_only = cfg.breakdown is None  # as run_sweep's breakdown_first: the first point only

@@ -12,7 +12,7 @@ from tasks import metrics
 from tasks.config import StreamConfig
 from tasks.endpoint import cache
 from tasks.endpoint.spec import Endpoint
-from tasks.models import load_tokenizer
+from tasks.models.sources import load_tokenizer
 from tasks.phases import mark
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.pipeline.stream_files import level_files, stage_plots

@@ -91,7 +91,7 @@ def sweep_stage(
 
         dask = parse_task_runner(cfg.task_runner)
         if local and (cfg.distribution or dask is None):
-            from tasks.models import load_model
+            from tasks.models.sources import load_model
 
             model, hf_tokenizer = load_model(cfg.local_model)
             if cfg.distribution:  # the sampler's view (issue 12), before the samples

@@ -380,11 +380,11 @@ def check_decoder_layers(spec: str, num_layers: int | None = None) -> str:
 
     Raises:
         DecoderLayersNotFound: see :func:`find_decoder_layers`.
-        ModelSourceError: the spec does not resolve (from :func:`tasks.models.model_config`).
+        ModelSourceError: the spec does not resolve (from :func:`tasks.models.sources.model_config`).
     """
     from transformers import AutoModelForCausalLM
 
-    from tasks.models import model_config
+    from tasks.models.sources import model_config
 
     config = model_config(spec, num_layers=num_layers)
     with torch.device("meta"):

@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from tasks.models import default_dtype, model_config, resolve
+from tasks.models.sources import default_dtype, model_config, resolve
 from tasks.profile.timing import resolve_device
 
 __all__ = [
@@ -118,7 +118,7 @@ def check_request(
     ``max_new_tokens``: one value or the swept values; the context check uses the largest.
 
     Raises:
-        tasks.models.ModelSourceError: the spec does not resolve (unknown preset: the message
+        tasks.models.sources.ModelSourceError: the spec does not resolve (unknown preset: the message
             lists the presets).
         ValueError: a dtype the device cannot run, a prompt length + max_new_tokens over the
             model's context (``max_position_embeddings``), or a device that is not there.

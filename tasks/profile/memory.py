@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from tasks.arch import text_config
+from tasks.models.arch import text_config
 
 __all__ = [
     "MemoryNeedError",

@@ -36,9 +36,9 @@ from typing import Any
 
 import torch
 
-from tasks.arch import parameter_count
 from tasks.bare_main import bare_main
-from tasks.models import load_model, model_config, resolve
+from tasks.models.arch import parameter_count
+from tasks.models.sources import load_model, model_config, resolve
 from tasks.profile.grid import ProfilePoint, steps_swept
 from tasks.profile.limits import child_time_limit_s, hang_for_test, receive_or_kill
 from tasks.profile.measure import make_prompt_ids, profile_point

@@ -3,7 +3,7 @@ JSON on stdout. Needs only torch and transformers, so it runs on a GPU machine w
 of the project (prefect, mlflow, polars)::
 
     python -m tasks.profile --model arch:llama-2-7b --num-layers 2 --prompt-lengths 512 \
-        --max-new-tokens 16 --device auto          # a preset of tasks.arch, 2 of its layers
+        --max-new-tokens 16 --device auto          # a preset of tasks.models.arch, 2 of its layers
     python -m tasks.profile --num-layers 2 --hidden 4096 --heads 32 --kv-heads 32 \
         --prompt-lengths 512 --max-new-tokens 16 --dtype bfloat16 --device auto
 
@@ -100,8 +100,8 @@ def _build_standalone(
         )
         return model, shape["vocab"], None
 
-    from tasks.arch import parameter_count
-    from tasks.models import build_arch_model, default_dtype
+    from tasks.models.arch import parameter_count
+    from tasks.models.sources import build_arch_model, default_dtype
     from tasks.profile.grid import check_request
     from tasks.profile.memory import check_memory, dtype_bytes, estimate_point_memory
     from tasks.profile.memory_readings import available_memory_bytes
@@ -134,7 +134,7 @@ def _build_standalone(
 def main(argv: list[str] | None = None) -> int:
     """``python -m tasks.profile``: one point of a random-weight model, JSON on stdout.
 
-    The model is an ``--model arch:NAME`` preset of :data:`tasks.arch.ARCH_PRESETS`
+    The model is an ``--model arch:NAME`` preset of :data:`tasks.models.arch.ARCH_PRESETS`
     (smollm2-135m, llama-2-7b, llama-3-8b) or ``arch:PATH/config.json``, with ``--num-layers``
     keeping its first N layers and ``--dtype`` defaulting to the preset's; or, without
     ``--model``, a Llama of the shape flags (--num-layers 2, --hidden 4096, --heads 32,

@@ -18,7 +18,7 @@ from tasks.sweep.points import SweepPoint
 def local_identity(spec: str) -> dict[str, str]:
     """What identifies a local (transformers) sweep target across runs, in the keys of
     ``Endpoint.identity``: kind, model name, and the GGUF file's hash when there is one."""
-    from tasks.models import resolve
+    from tasks.models.sources import resolve
 
     source = resolve(spec)
     ident = {"endpoint_kind": "local-transformers", "endpoint_model": source.name}

@@ -313,7 +313,7 @@ def check_name(name: str) -> str:
 def _load_cached(name: str, model_spec: str) -> Tokenizer:
     if name in _BUILDERS:
         return _BUILDERS[name]()
-    from tasks.models import ModelSourceError, load_tokenizer
+    from tasks.models.sources import ModelSourceError, load_tokenizer
 
     spec = model_spec if name == MODEL else name
     try:

@@ -11,7 +11,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from tasks.models import REPO_ROOT
+from tasks.models.sources import REPO_ROOT
 
 __all__ = [
     "MAX_PARAM_CHARS",

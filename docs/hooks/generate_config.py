@@ -95,6 +95,8 @@ def constraints(field: Any) -> str:
 
 
 def default_text(field: Any) -> str:
+    """A field's default as a table cell: its value (a factory's called), ``(its defaults)`` for
+    a section, ``required`` where there is none."""
     if field.default is not PydanticUndefined:
         value = field.default
     elif field.default_factory is not None:
@@ -166,6 +168,7 @@ def collect(exported: list[Any]) -> tuple[list[type[BaseModel]], list[type[BaseM
 
 
 def render() -> str:
+    """The whole reference (markdown): the config files' sections, then the nested models'."""
     import tasks.config as config
 
     top, nested = collect([getattr(config, name) for name in config.__all__])
@@ -183,6 +186,7 @@ def render() -> str:
 
 
 def generate(root: Path) -> None:
+    """Write ``root/docs/_generated/config.md`` (unchanged text: not rewritten)."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     write_if_changed(root / "docs" / "_generated" / "config.md", render())

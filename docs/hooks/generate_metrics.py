@@ -22,6 +22,7 @@ def write_if_changed(path: Path, text: str) -> None:
 
 
 def generate(root: Path) -> None:
+    """Write ``root/docs/_generated/metrics.md`` (unchanged text: not rewritten)."""
     if str(root) not in sys.path:
         sys.path.insert(0, str(root))
     from tasks.metrics.doc import markdown_table

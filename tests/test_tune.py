@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import signal
@@ -20,6 +21,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -204,6 +206,27 @@ def test_a_points_interval_is_students_t_over_the_repeats() -> None:
     assert (low, high) == pytest.approx((2 - 4.533916, 2 + 4.533916), abs=1e-5)  # t(0.975, 4) x 1.633
     # more repeats: t(0.975, 2(n-1)) x sqrt(8 / n) < 2 first holds at n = 9 (2.120 x 0.943 = 1.999)
     assert rule.repeats_to_separate([10, 12, 14], [8, 10, 12], alpha=0.05) == 9
+
+
+def test_welch_is_the_textbook_formula() -> None:
+    """rule.welch (scipy's ttest_ind, equal_var=False) against Welch's formulas written out:
+    se = sqrt(s1²/n1 + s2²/n2), nu by Welch-Satterthwaite, d ± t(1 - alpha/2, nu) x se and
+    p = 2 sf(|d| / se, nu), on 400 random pairs of unequal sizes and spreads."""
+    from scipy.stats import t as student_t
+
+    rng = np.random.default_rng(51)
+    for _ in range(400):
+        a = rng.normal(100, rng.uniform(0.1, 10), rng.integers(2, 12))
+        b = rng.normal(100 + rng.uniform(-5, 5), rng.uniform(0.1, 10), rng.integers(2, 12))
+        confidence = rng.choice([0.9, 0.95, 0.99])
+        va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
+        se, d = math.sqrt(va + vb), a.mean() - b.mean()
+        nu = (va + vb) ** 2 / (va**2 / (a.size - 1) + vb**2 / (b.size - 1))
+        half = student_t.ppf(1 - (1 - confidence) / 2, nu) * se
+        expected = (d, d - half, d + half, 2 * student_t.sf(abs(d) / se, nu))
+        assert rule.welch(list(a), list(b), confidence) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+    assert rule.welch([5, 5], [3, 3]) == (2.0, 2.0, 2.0, 0.0)  # both spreads 0: no t
+    assert rule.welch([5, 5], [5, 5])[3] == 1.0 and rule.welch([5], [3, 4]) == (1.5, None, None, None)
 
 
 def _repeated(conf: int, level: int, values: list[float], slos: bool = False) -> TunePoint:

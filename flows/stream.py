@@ -29,7 +29,7 @@ def run_stream(config: StreamFlowConfig, track: bool = True) -> dict:
     from tasks.phases import mark
 
     mark("flow_body")
-    from tasks.stream.multiproc import start_fork_server
+    from tasks.scaleout.multiproc import start_fork_server
 
     if config.stream.task_runner == "threads":  # Dask workers run their own clients
         start_fork_server()  # the client processes' imports run beside the MLflow and endpoint set-up

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tasks.scaleout.levels import run_levels
 from tasks.stream.capacity import SATURATION, SEARCH, SYNCHRONOUS, search_capacity
-from tasks.stream.levels import run_levels
 from tasks.stream.load import make_client, run_level
 from tasks.stream.settings import Connection, LevelSettings
 

@@ -8,8 +8,8 @@ tests/benchmarks/client_bound_flags.py."""
 
 from __future__ import annotations
 
+from tasks.scaleout.multiproc import merge_lags
 from tasks.stream.lag import LagFigures
-from tasks.stream.multiproc import merge_lags
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.wire import rxclock

@@ -243,12 +243,12 @@ def test_a_point_whose_workers_die_twice_is_failed_with_the_cause_and_the_other_
 
 def test_the_workers_of_a_cluster_we_start_keep_their_loop_quiet_and_their_memory_watched() -> None:
     """Points measure on a worker's task thread: its own loop is not woken by its tick, system
-    monitor and profiler (tasks.taskrunner.QUIET_DASK_WORKER), while its memory monitor keeps
+    monitor and profiler (tasks.config.taskrunner.QUIET_DASK_WORKER), while its memory monitor keeps
     Dask's 100 ms (a point may load a model)."""
     import dask
 
+    from tasks.config.taskrunner import DaskChoice
     from tasks.pipeline.fanout import dask_runner
-    from tasks.taskrunner import DaskChoice
 
     names = [
         "distributed.admin.tick.interval",

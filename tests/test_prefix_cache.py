@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from tasks.endpoint import cache, prometheus
-from tasks.stream.levels import run_levels
+from tasks.scaleout.levels import run_levels
 from tasks.stream.settings import Connection, LevelSettings, Session
 
 try:

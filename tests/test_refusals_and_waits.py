@@ -24,9 +24,9 @@ import pytest
 from rich.console import Console
 
 from flows.tables.stream import print_outcomes
+from tasks.scaleout.levels import run_levels
 from tasks.stats import aggregate_level
 from tasks.stream.client import stream_chat
-from tasks.stream.levels import run_levels
 from tasks.stream.load import make_client
 from tasks.stream.records import RequestRecord, requests_frame
 from tasks.stream.settings import Connection, LevelSettings, level_settings

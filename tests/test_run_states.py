@@ -193,7 +193,7 @@ def test_sigkill_mid_stream_leaves_no_server(tmp_path) -> None:
     its watchers stop the llama.cpp server and the temporary Prefect API server (before: both
     stayed up for good, about 200 MB and 280 MB), and the level's client process follows its
     parent (before: it blocked for ever at exit, flushing records into a queue nobody read), as
-    does the fork server it was forked from (tasks.stream.multiproc)."""
+    does the fork server it was forked from (tasks.scaleout.multiproc)."""
     proc, log = _start(
         ["stream", "--num-requests", "200", "--max-tokens", "16", "--warmup", "0", "--no-track"], tmp_path
     )

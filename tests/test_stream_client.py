@@ -23,9 +23,10 @@ import openai
 import polars as pl
 import pytest
 
+from tasks.scaleout.levels import run_levels
 from tasks.stats import aggregate_level
 from tasks.stream.client import build_request, stream_chat
-from tasks.stream.levels import Level, run_levels
+from tasks.stream.level_figures import Level
 from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RecordWriter, RequestRecord, read_jsonl, write_parquet
 from tasks.stream.settings import Connection, LevelSettings, level_settings

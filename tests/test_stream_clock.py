@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 
+from tasks.scaleout.levels import run_levels
 from tasks.stats import aggregate_level, meets_slos, percentile
 from tasks.stream.client import stream_chat
-from tasks.stream.levels import run_levels
 from tasks.stream.load import MAX_SEND_LEAD_S, arrival_offsets_s, make_client, open_connections, run_level
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings, level_settings
@@ -262,7 +262,7 @@ def test_https_reads_are_stamped_before_decryption(tmp_path, monkeypatch) -> Non
 
 
 def test_client_processes_by_default_one_per_128_streams() -> None:
-    from tasks.stream.multiproc import auto_processes
+    from tasks.scaleout.multiproc import auto_processes
 
     cores = len(os.sched_getaffinity(0))
     assert [auto_processes(n) for n in (1, 64, 128)] == [1, 1, 1]

@@ -1,6 +1,6 @@
-"""A level over Dask workers (tasks/stream/dask_load.py) on a real LocalCluster of 2 worker
+"""A level over Dask workers (tasks/scaleout/dask_load.py) on a real LocalCluster of 2 worker
 processes (tests/dask_cluster.py) against the ground-truth instrument, and the NTP-style clock
-offset (tasks/stream/clocksync.py) on synthetic round trips.
+offset (tasks/scaleout/clocksync.py) on synthetic round trips.
 
 The instrument stamps when it read each request and wrote each chunk on CLOCK_MONOTONIC (one
 clock for every process here), so a record's aligned ``send_ns`` is checked against the truth.
@@ -22,13 +22,13 @@ from pathlib import Path
 import pytest
 
 from tasks.config import StreamConfig
-from tasks.stream.clocksync import Sample, estimate_offset
-from tasks.stream.dask_load import run_level_dask
-from tasks.stream.dask_wire import set_clock_skew
-from tasks.stream.levels import run_levels
+from tasks.config.taskrunner import FORMS, DaskChoice, parse_task_runner
+from tasks.scaleout.clocksync import Sample, estimate_offset
+from tasks.scaleout.dask_load import run_level_dask
+from tasks.scaleout.dask_wire import set_clock_skew
+from tasks.scaleout.levels import run_levels
 from tasks.stream.records import RecordWriter, read_jsonl
 from tasks.stream.settings import Connection, LevelSettings
-from tasks.taskrunner import FORMS, DaskChoice, parse_task_runner
 
 try:
     from tests import groundtruth_server as gt
@@ -112,7 +112,7 @@ def test_a_tls_scheduler_without_dasks_tls_settings_is_named_before_any_connecti
     the flow had begun. Each case names the setting at fault."""
     import dask
 
-    from tasks.taskrunner import DASK_TLS_ENV, check_task_runner
+    from tasks.config.taskrunner import DASK_TLS_ENV, check_task_runner
 
     ca_env, cert_env, key_env = DASK_TLS_ENV
     cert, key = gt.self_signed_cert(tmp_path)
@@ -148,10 +148,10 @@ def test_a_tls_scheduler_without_dasks_tls_settings_is_named_before_any_connecti
 
 
 def test_the_local_clusters_workers_keep_their_loop_quiet() -> None:
-    """The LocalCluster a command starts (tasks.stream.dask_cluster.dask_client) gives its
+    """The LocalCluster a command starts (tasks.scaleout.dask_cluster.dask_client) gives its
     workers QUIET_WORKER_CONFIG: their periodic checks once a second (the tick's was 20 ms, the
     memory monitor's 100 ms), no profiler thread (it sampled every 10 ms), the heartbeat kept."""
-    from tasks.stream.dask_cluster import QUIET_WORKER_CONFIG, dask_client
+    from tasks.scaleout.dask_cluster import QUIET_WORKER_CONFIG, dask_client
 
     def look(dask_worker) -> tuple[dict, dict, list[str]]:
         import threading
@@ -413,7 +413,7 @@ def test_the_workers_stop_sending_when_the_command_leaves_mid_level(client, inst
 _INTERRUPTED_LEVEL = """
 import signal, sys
 signal.signal(signal.SIGINT, signal.default_int_handler)  # whatever the shell left
-from tasks.stream.levels import run_levels
+from tasks.scaleout.levels import run_levels
 from tasks.stream.settings import Connection, LevelSettings
 level = LevelSettings(model="ticks:20:100", prompts=[f"p{i}" for i in range(64)], max_tokens=32,
     max_concurrency=8, num_requests=64, warmup=0, level=1, request_rate=8.0, burstiness=100.0)

@@ -1,6 +1,6 @@
 """Load that ends when it is told (issue 50, part 6): ``infermeter stream --task-runner dask...``
 interrupted mid-level by a Ctrl-C, against the ground-truth instrument, which counts the
-requests it reads; the worker's side of the link (``tasks.stream.dask_wire._Wire``) on real
+requests it reads; the worker's side of the link (``tasks.scaleout.dask_wire._Wire``) on real
 sockets; and the ``dask:`` errors quoting what the user wrote.
 
 A Ctrl-C is SIGINT to the command's whole process group (a terminal's foreground job). Three
@@ -31,10 +31,10 @@ from pathlib import Path
 
 import pytest
 
+from tasks.config.taskrunner import CONNECT_TIMEOUT_S, DaskChoice, check_task_runner, validate
 from tasks.engines.server import free_port
-from tasks.stream import dask_wire
-from tasks.stream.dask_wire import Link, _Wire
-from tasks.taskrunner import CONNECT_TIMEOUT_S, DaskChoice, check_task_runner, validate
+from tasks.scaleout import dask_wire
+from tasks.scaleout.dask_wire import Link, _Wire
 
 try:
     from tests.dask_cluster import outside_cluster

@@ -305,7 +305,7 @@ def test_prometheus_parse_and_level_view() -> None:
 
 
 def test_client_processes_merge_records_on_one_clock(server, tmp_path: Path) -> None:
-    from tasks.stream.multiproc import run_level_processes
+    from tasks.scaleout.multiproc import run_level_processes
 
     server.reset()
     journal = tmp_path / "requests.jsonl"

@@ -16,12 +16,12 @@ from collections.abc import Iterator
 
 import pytest
 
+from tasks.scaleout.levels import run_levels
 from tasks.stats import aggregate_level, meets_slos
 from tasks.stream import quality
 from tasks.stream.capacity import slo_misses
 from tasks.stream.client import stream_chat
 from tasks.stream.level_result import fill_output_tokens
-from tasks.stream.levels import run_levels
 from tasks.stream.load import make_client, run_level
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings

@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from tasks.taskrunner import TASK_RUNNER_FIELD, TaskRunner
+from tasks.config.taskrunner import TASK_RUNNER_FIELD, TaskRunner
 
 #: The seed article's probes: 'smart' vs 'smarter' share no token, 'token' vs 'tokenization'
 #: splits into pieces, and Chinese costs more tokens per character than English.

@@ -13,7 +13,7 @@ from pydantic import Field, field_validator, model_validator
 
 from tasks import metrics
 from tasks.config.stages import DEFAULT_STREAM_PROMPTS, _Strict
-from tasks.taskrunner import TaskRunner
+from tasks.config.taskrunner import TaskRunner
 
 
 class StreamConfig(_Strict):

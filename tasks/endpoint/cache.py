@@ -182,7 +182,7 @@ def mismatch_warning(metrics: Mapping[str, Any], index: int) -> str | None:
     points off the expected one (``expected_cached_token_fraction`` > 0; the measured share is
     ``prefix_cache_hit_rate``, else ``cached_token_fraction``), naming both figures and the
     likely cause; None when they agree or a figure is missing. A level expected to share
-    nothing is ``tasks.stream.levels``' own warning."""
+    nothing is ``tasks.scaleout.levels``' own warning."""
     expected = metrics.get("expected_cached_token_fraction")
     name = (
         "prefix_cache_hit_rate"
@@ -247,7 +247,7 @@ def level_figures(
 class ExpectedCache:
     """The blocks a perfect prefix cache holds during a run of levels (for each level's expected
     share, :func:`expected_cached_tokens`), and whether the missing reset was said
-    (``tasks.stream.levels``)."""
+    (``tasks.scaleout.levels``)."""
 
     def __init__(self) -> None:
         self.seen: set[str] = set()

@@ -11,8 +11,8 @@ midpoint of its GET (the server read its gauges somewhere between send and answe
 duration is kept as ``fetch_ms``, the bound on that error).
 
 Off the timed path: the sampler is a thread of the orchestrating process, and
-:func:`tasks.stream.levels.run_levels` always times the requests in client processes of their
-own (``tasks.stream.multiproc``, one at the least), so its GETs and its parsing never share a GIL
+:func:`tasks.scaleout.levels.run_levels` always times the requests in client processes of their
+own (``tasks.scaleout.multiproc``, one at the least), so its GETs and its parsing never share a GIL
 or an event loop with a timed stream. They do share the machine's cores and the server: one
 small GET every 250 ms, on one kept connection (AIPerf's server-metrics collection scrapes
 every 333 ms during a run and reports each gauge's mean and max per time slice; guidellm's

@@ -15,7 +15,7 @@ _CI_STREAM = tuple(
 )
 
 LEVEL_DERIVED: tuple[Metric, ...] = (
-    # repeats (StreamConfig.repeats > 1, tasks.stream.levels): the figures pool them; each one's range
+    # repeats (StreamConfig.repeats > 1, tasks.scaleout.levels): the figures pool them; each one's range
     Metric("num_repeats", "count", "stream", "Runs of the level in a row, each a fresh start."),
     *(
         Metric(f"{m}_repeat", "as the figure", "stream", f"{m} of each repeat alone.", None, ("min", "max"))

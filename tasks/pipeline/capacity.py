@@ -1,4 +1,4 @@
-"""The capacity search as a Prefect task: each level a stream level (``tasks.stream.levels``),
+"""The capacity search as a Prefect task: each level a stream level (``tasks.scaleout.levels``),
 the search itself plain logic (``tasks.stream.capacity``); MLflow: a child run per level under
 the flow's parent run, and on the parent the capacity, its bracket and the plot."""
 
@@ -17,8 +17,9 @@ from tasks.pipeline.common import STAGE, _token_counter, stage_logger
 from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
 from tasks.report.capacity_plot import capacity_plot
+from tasks.scaleout.levels import run_levels
 from tasks.stream.capacity import CapacityLevel, search_capacity
-from tasks.stream.levels import Level, run_levels
+from tasks.stream.level_figures import Level
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget

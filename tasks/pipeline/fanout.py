@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from tasks.taskrunner import QUIET_DASK_WORKER, DaskChoice, check_task_runner, parse_task_runner
+from tasks.config.taskrunner import QUIET_DASK_WORKER, DaskChoice, check_task_runner, parse_task_runner
 
 __all__ = [
     "DaskChoice",

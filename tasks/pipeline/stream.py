@@ -1,5 +1,5 @@
 """The remote stream stage as a Prefect task: orchestration and tracking around the level loop
-of ``tasks.stream.levels`` (child runs, params, plots, artifacts)."""
+of ``tasks.scaleout.levels`` (child runs, params, plots, artifacts)."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ from tasks.phases import mark
 from tasks.pipeline.common import STAGE, StageRun, _token_counter, stage_logger
 from tasks.pipeline.stream_files import level_files, stage_plots
 from tasks.report import plots as plots_module
+from tasks.scaleout.levels import run_levels
 from tasks.stats.interval import with_intervals
-from tasks.stream.levels import Level, run_levels
+from tasks.stream.level_figures import Level
 from tasks.stream.records import RecordWriter, write_parquet
 from tasks.stream.settings import Connection, settings_from_config
 from tasks.tracking import TrackingTarget, flatten_params
@@ -41,7 +42,7 @@ def stream_stage(
     kept at once (``requests.jsonl``), Parquet and plots at the end. The audit's remote stage
     and ``infermeter stream`` both run this. When the server exposes Prometheus ``/metrics``
     it is scraped before and after each level's measured requests (``server_*`` metrics,
-    ``tasks.stream.levels``), and its gauges sampled every 250 ms for each level's timeline of
+    ``tasks.scaleout.levels``), and its gauges sampled every 250 ms for each level's timeline of
     ``cfg.slice_s``-second windows (``tasks.pipeline.timeline``: step series, CSV, a stacked
     plot). One child run per level, logged as the level finishes; its plots and timeline are
     drawn and logged by ``tasks.pipeline.stream_files`` (off the timed path when the command

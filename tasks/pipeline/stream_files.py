@@ -16,7 +16,7 @@ from typing import Any
 
 from tasks.pipeline.timeline import log_timeline
 from tasks.report import plots as plots_module
-from tasks.stream.levels import Level
+from tasks.stream.level_figures import Level
 from tasks.tracking import Tracker
 
 __all__ = ["level_files", "stage_plots"]

@@ -33,7 +33,7 @@ from tasks.tracking.series import log_step_rows
 
 if TYPE_CHECKING:  # the level's module imports the client (openai), which the tracking
     # writer process that draws the timeline does not need
-    from tasks.stream.levels import Level
+    from tasks.stream.level_figures import Level
 
 #: The prefix of every timeline metric.
 PREFIX = "timeline_"

@@ -39,7 +39,7 @@ SYNCHRONOUS, SATURATION, SEARCH = "synchronous", "saturation", "search"
 
 
 class LevelLike(Protocol):
-    """What the search reads of a finished level (``tasks.stream.levels.Level`` is one)."""
+    """What the search reads of a finished level (``tasks.stream.level_figures.Level`` is one)."""
 
     metrics: dict[str, Any]
 

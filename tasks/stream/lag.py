@@ -68,7 +68,7 @@ class LagFigures(dict):
     lists of ``time.perf_counter_ns`` in write order (None when the figures were not one
     probe's). An attribute, not an item, so that the samples (thousands a minute) never travel
     with the figures: a client process ships its count of doubtful gaps instead
-    (``coalesced_late_gaps``, :func:`tasks.stream.multiproc.merge_lags`)."""
+    (``coalesced_late_gaps``, :func:`tasks.scaleout.multiproc.merge_lags`)."""
 
     timeline: tuple[list[int], list[int]] | None = None
 

@@ -24,7 +24,7 @@ __all__ = ["HistoryTokens", "LevelResult", "fill_cached_tokens", "fill_output_to
 
 @dataclass
 class LevelResult:
-    """What running one level gave, before aggregation (``tasks.stream.levels.Level`` is the
+    """What running one level gave, before aggregation (``tasks.stream.level_figures.Level`` is the
     finished level): its records (warm-up included, flagged), wall time in seconds, and the
     client's figures (``tasks.stream.quality.client_figures``: ``arrival_clock``,
     ``client_bound``, ``coalesced_event_fraction``, ``client_loop_lag_ms_p99``, ...) with the raw
@@ -81,7 +81,7 @@ def fill_cached_tokens(record: RequestRecord, timings: Any) -> None:
 
 class HistoryTokens:
     """The client's count of each conversation turn's prompt, set as the turn's ``input_tokens``
-    where the tokenizer is (``tasks.stream.multiproc``'s parent, after
+    where the tokenizer is (``tasks.scaleout.multiproc``'s parent, after
     :func:`fill_output_tokens`): every message's content it sent, without the
     chat template (as a single prompt's count): the session's earlier ``turn_tokens`` and the
     replies' ``output_tokens``, then its own. A turn where a part is not known keeps what the

@@ -149,7 +149,7 @@ async def run_level(
         on_record: called with every finished record (warm-up too), e.g. a ``RecordWriter``.
         on_measure_start: called after the warm-up, just before the first measured request
             (e.g. a scrape of the server's /metrics); it may block, nothing is in flight.
-        share, start_at: for one of several client processes (``tasks.stream.multiproc``):
+        share, start_at: for one of several client processes (``tasks.scaleout.multiproc``):
             ``(k, n)`` sends only the measured requests ``i`` with ``i % n == k``, at their
             places in the one arrival schedule that starts at ``start_at`` (a
             ``time.perf_counter()`` value: CLOCK_MONOTONIC, the same in every process).

@@ -195,7 +195,7 @@ def client_figures(
             ``client_bound`` is the user clock's flag; its ``timeline``, or a
             ``coalesced_late_gaps`` count that client processes made of their own, the kernel
             clock's evidence; without either, each connection's own reads only), or
-            :func:`tasks.stream.multiproc.merge_lags` of several.
+            :func:`tasks.scaleout.multiproc.merge_lags` of several.
         lag_tolerance_ms, coalesced_tolerance: the user clock's lag threshold (ms), also the
             error a coalesced gap may carry before it is doubtful on the kernel clock; the
             kernel clock's share of doubtful gaps.

@@ -50,7 +50,7 @@ class LevelSettings:
         max_concurrency: most measured requests in flight at once (>= 1).
         level: the level's index (request ids ``l{level}-w{i}`` / ``l{level}-r{i}``).
         repeats: times the level is run in a row, each a fresh start (its own warm-up and
-            prefix-cache reset; ``tasks.stream.levels``); repeat: which of them this is (0-based;
+            prefix-cache reset; ``tasks.scaleout.levels``); repeat: which of them this is (0-based;
             with ``repeats > 1`` the ids carry it: ``l{level}-k{repeat}-r{i}``, :attr:`id_prefix`).
         prompt_tokens: optional token count of each prompt (parallel to ``prompts``), stored
             as ``input_tokens``; None leaves it to the server's usage.
@@ -140,7 +140,7 @@ class LevelSettings:
 
     def after_warmup(self) -> LevelSettings:
         """These settings with no warm-up and every per-prompt field (:attr:`PER_PROMPT`)
-        rotated to start where the measured requests start (``tasks.stream.multiproc``: each
+        rotated to start where the measured requests start (``tasks.scaleout.multiproc``: each
         client process sends its share of the measured requests; the warm-up runs apart)."""
         rotated = {}
         for name in self.PER_PROMPT:

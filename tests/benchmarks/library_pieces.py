@@ -96,13 +96,13 @@ def percentile() -> None:
         f"  a fresh process: {bare:.0f} ms bare, {with_numpy:.0f} ms importing numpy (+{with_numpy - bare:.0f} ms)"
     )
     loaded = subprocess.run(
-        [sys.executable, "-c", "import sys, tasks.stream.multiproc; print('numpy' in sys.modules)"],
+        [sys.executable, "-c", "import sys, tasks.scaleout.multiproc; print('numpy' in sys.modules)"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.strip()
-    print(f"  numpy loaded by the stream's client processes' imports (tasks.stream.multiproc): {loaded}")
+    print(f"  numpy loaded by the stream's client processes' imports (tasks.scaleout.multiproc): {loaded}")
 
 
 def welch() -> None:

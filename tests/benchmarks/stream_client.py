@@ -104,7 +104,7 @@ def _cli(server: gt.GroundTruthServer, args, streams: int) -> tuple[list[Request
         ]  # fmt: skip
         if args.client_processes:  # else the command's own choice (one per 128 streams)
             command += ["--client-processes", str(min(args.client_processes, streams))]
-        if args.task_runner:  # the level's client on Dask workers (tasks.stream.dask_load)
+        if args.task_runner:  # the level's client on Dask workers (tasks.scaleout.dask_load)
             command += ["--task-runner", args.task_runner]
         subprocess.run(
             command, check=True, stdout=subprocess.DEVNULL, env={**os.environ, "INFERMETER_WORK_DIR": tmp}

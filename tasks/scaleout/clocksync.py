@@ -1,6 +1,6 @@
 """A remote clock's offset from round trips, the NTP way (standard library only).
 
-A client process on another host (``tasks.stream.dask_load``) reads its own monotonic clock;
+A client process on another host (``tasks.scaleout.dask_load``) reads its own monotonic clock;
 the orchestrator reads its own. Each round trip gives a :class:`Sample`: the orchestrator's
 clock when it sent the question (``t0``), the remote clock when it answered (``tw``), the
 orchestrator's clock when the answer came back (``t1``). With the two legs taken as equally

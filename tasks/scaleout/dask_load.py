@@ -1,7 +1,7 @@
 """One load level spread over Dask workers, possibly on several hosts (``--task-runner`` of
-``infermeter stream``; :func:`tasks.stream.levels.run_levels`).
+``infermeter stream``; :func:`tasks.scaleout.levels.run_levels`).
 
-The same level as :func:`tasks.stream.multiproc.run_level_processes`, with a Dask worker in
+The same level as :func:`tasks.scaleout.multiproc.run_level_processes`, with a Dask worker in
 place of each client process: one Dask task per worker (pinned to it) runs
 :func:`tasks.stream.load.run_level` on its share (request ``i`` to worker ``i % N``, the
 concurrency split as evenly as it goes; the warm-up on worker 0 first) at its places in the one
@@ -9,10 +9,10 @@ arrival schedule, started at one instant the orchestrator (this process) picks o
 worker is ready.
 
 The data plane is not Dask's: the orchestrator listens on a TCP port of its own and each task
-connects back to it (``tasks.stream.dask_wire``: a random token refuses strangers; the API key
+connects back to it (``tasks.scaleout.dask_wire``: a random token refuses strangers; the API key
 travels this way, never through the scheduler). The worker's clock offset to the
 orchestrator's is measured by round trips before the level and after it
-(:mod:`tasks.stream.clocksync`, NTP's way: Linux's ``perf_counter`` is CLOCK_MONOTONIC, since
+(:mod:`tasks.scaleout.clocksync`, NTP's way: Linux's ``perf_counter`` is CLOCK_MONOTONIC, since
 boot, so two hosts' differ by hours); the start instant goes to each worker on its own clock,
 and each record as it finishes comes back with its ``send_ns`` on the worker's clock: the
 orchestrator moves it onto its own by the start offset (the end offset is reported beside it),
@@ -27,11 +27,11 @@ figures are over every record received (``tasks.stream.quality.client_figures``)
 client-bound flag and loop lag p99 are beside its offsets in ``client["client_workers"]``.
 
 The task runs the client on the Dask worker's task thread (``asyncio.run``: that thread has no
-loop). A forked client process (``tasks.stream.multiproc``) would leave the Dask worker's own
+loop). A forked client process (``tasks.scaleout.multiproc``) would leave the Dask worker's own
 threads off the client's GIL, but cannot start from a daemonic worker (Dask's default) and adds
 a fork server per worker. Those threads once cost the client 10-20 % more CPU per chunk (its
 loop woke 300-700 times a second); a LocalCluster's workers now run quiet
-(``tasks.stream.dask_cluster.QUIET_WORKER_CONFIG``; README "Load from several hosts"), and each
+(``tasks.scaleout.dask_cluster.QUIET_WORKER_CONFIG``; README "Load from several hosts"), and each
 worker's loop-lag probe and client-bound flag say when they still cost a figure.
 """
 
@@ -47,10 +47,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from tasks.stream.clocksync import Offset
-from tasks.stream.dask_wire import Link, client_task, sync
+from tasks.scaleout.clocksync import Offset
+from tasks.scaleout.dask_wire import Link, client_task, sync
+from tasks.scaleout.multiproc import START_TIMEOUT_S, _share_of, merge_lags
 from tasks.stream.level_result import HistoryTokens, LevelResult, fill_output_tokens
-from tasks.stream.multiproc import START_TIMEOUT_S, _share_of, merge_lags
 from tasks.stream.quality import client_figures
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
@@ -184,7 +184,7 @@ def run_level_dask(
     """Run one level over the Dask workers of ``client`` (a ``distributed.Client``; module
     docstring): ``workers`` (addresses; None: all the scheduler has), at most
     ``settings.max_concurrency`` of them. The contract of
-    :func:`tasks.stream.multiproc.run_level_processes`: the callbacks are called in this
+    :func:`tasks.scaleout.multiproc.run_level_processes`: the callbacks are called in this
     process, records and request ids are those of one process; their ``send_ns`` on this
     process's ``perf_counter_ns``.
 
@@ -298,14 +298,14 @@ def run_level_dask(
 
 def _check_imports(client: Any, addresses: list[str]) -> None:
     """Raise RuntimeError naming the workers among ``addresses`` that cannot import the level's
-    task (:mod:`tasks.stream.dask_wire`): a worker started outside infermeter's environment
+    task (:mod:`tasks.scaleout.dask_wire`): a worker started outside infermeter's environment
     otherwise fails only in its own log, and the level waited ``START_TIMEOUT_S`` for it. The
     look is ``importlib.util.find_spec`` on each worker (standard library: it runs where
     infermeter is missing), one round trip."""
     import importlib.util
 
     found = client.run(
-        importlib.util.find_spec, "tasks.stream.dask_wire", workers=addresses, on_error="return"
+        importlib.util.find_spec, "tasks.scaleout.dask_wire", workers=addresses, on_error="return"
     )
     missing = sorted(
         address for address, spec in found.items() if spec is None or isinstance(spec, Exception)

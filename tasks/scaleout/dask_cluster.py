@@ -1,5 +1,5 @@
 """The Dask cluster a stream's levels run on (``--task-runner`` of ``infermeter stream``;
-``tasks.stream.dask_load``): a scheduler's workers, or a LocalCluster this process starts and
+``tasks.scaleout.dask_load``): a scheduler's workers, or a LocalCluster this process starts and
 closes, and how an interrupt ends the latter.
 
 A Ctrl-C goes to the terminal's whole process group: the LocalCluster's worker processes too.
@@ -8,7 +8,7 @@ nanny kills it 4 s later). So they never take SIGINT: it is blocked in the threa
 the cluster while it does (the cluster's threads, and the processes they spawn, inherit the
 mask) and each worker leaves it blocked, taken by a thread of its own that mutes the worker
 (:func:`dask_setup`, Dask's preload hook). This process takes it: the level's links close,
-each worker's client cancels its requests at once (``tasks.stream.dask_wire``), and the
+each worker's client cancels its requests at once (``tasks.scaleout.dask_wire``), and the
 cluster closes. What Dask says meanwhile is no error of the run's, and is silenced the instant
 the signal arrives (the log lines a closing cluster writes; the client's reconnect traceback
 when a scheduler died of the same Ctrl-C): in this process Dask's loggers, by a handler run
@@ -34,8 +34,8 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from tasks.stream.multiproc import START_TIMEOUT_S
-from tasks.taskrunner import QUIET_DASK_WORKER
+from tasks.config.taskrunner import QUIET_DASK_WORKER
+from tasks.scaleout.multiproc import START_TIMEOUT_S
 
 __all__ = ["QUIET_WORKER_CONFIG", "dask_client", "dask_setup", "mute_worker", "silence_dask_logs"]
 
@@ -73,7 +73,7 @@ def mute_worker() -> None:
     """A LocalCluster worker's whole output from now on to /dev/null, its Dask loggers
     silenced: its stdout and stderr are the interrupted command's (the module docstring).
     Called when SIGINT reaches the worker (:func:`dask_setup`) and when its level's link
-    closes mid-level (``tasks.stream.dask_wire.when_orphaned``)."""
+    closes mid-level (``tasks.scaleout.dask_wire.when_orphaned``)."""
     silence_dask_logs()
     with contextlib.suppress(OSError):
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -83,7 +83,7 @@ def mute_worker() -> None:
 
 
 def dask_setup(worker: Any) -> None:
-    """Dask's preload hook (``preload=["tasks.stream.dask_cluster"]``, the LocalCluster's
+    """Dask's preload hook (``preload=["tasks.scaleout.dask_cluster"]``, the LocalCluster's
     workers only): SIGINT mutes the worker and does nothing else (the command ends the level
     and the cluster); so does its level's link closing mid-level (the module docstring).
 
@@ -93,7 +93,7 @@ def dask_setup(worker: Any) -> None:
     Python code: its loop may sleep a second, the heartbeat's traceback is written meanwhile).
     Its disposition is set to ignored too, should a thread ever unblock it (Linux queues a
     blocked signal even so, for ``sigwait``)."""
-    from tasks.stream import dask_wire
+    from tasks.scaleout import dask_wire
 
     dask_wire.when_orphaned(mute_worker)
     if threading.current_thread() is threading.main_thread():
@@ -126,7 +126,7 @@ def _sigint_blocked() -> Iterator[None]:
 
 @contextlib.contextmanager
 def dask_client(choice: Any) -> Iterator[Any]:
-    """A ``distributed.Client`` on the chosen cluster (a ``tasks.taskrunner.DaskChoice``): the
+    """A ``distributed.Client`` on the chosen cluster (a ``tasks.config.taskrunner.DaskChoice``): the
     scheduler at ``choice.address``, else a LocalCluster of ``choice.workers`` single-threaded
     worker processes (None: one per core) on 127.0.0.1, closed when the block ends (its worker
     processes exit when this process does, however it ends: Dask's parent-alive pipe). An
@@ -154,7 +154,7 @@ def dask_client(choice: Any) -> Iterator[Any]:
                 processes=True,
                 host="127.0.0.1",
                 dashboard_address=":0",
-                preload=["tasks.stream.dask_cluster"],  # dask_setup: SIGINT is ours
+                preload=["tasks.scaleout.dask_cluster"],  # dask_setup: SIGINT is ours
             )
         with cluster, Client(cluster) as client:
             client.wait_for_workers(workers, timeout=START_TIMEOUT_S)

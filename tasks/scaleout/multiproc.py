@@ -24,7 +24,7 @@ The level's client figures (``tasks.stream.quality.client_figures``) are taken o
 process's records; the loop lag is the worst process's (largest p99; its flag set when any
 process's was), the CPU time the sum, the clock-offset drift the largest.
 
-:func:`tasks.stream.levels.run_levels` runs every level here, one process at the least: the
+:func:`tasks.scaleout.levels.run_levels` runs every level here, one process at the least: the
 measuring loop then has a process of its own, with nothing else on its GIL (the flow's threads,
 logging, the journal and the tracking client stay in the parent).
 """

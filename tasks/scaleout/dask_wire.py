@@ -1,10 +1,10 @@
-"""The wire between a level's orchestrator and its Dask workers (``tasks.stream.dask_load``),
+"""The wire between a level's orchestrator and its Dask workers (``tasks.scaleout.dask_load``),
 and the worker's side of it (standard library, and the client in the worker only).
 
 One JSON object a line over a TCP connection the worker opens to the orchestrator:
 
 - ``hello`` (its share's number and the level's token) -> :data:`PINGS` ``ping``/``pong``
-  round trips (:func:`sync`: the worker's clock offset, :mod:`tasks.stream.clocksync`) ->
+  round trips (:func:`sync`: the worker's clock offset, :mod:`tasks.scaleout.clocksync`) ->
   ``go`` (with the API key), or ``abandon`` for a share that ran already (a Dask retry);
 - ``record`` per finished request (warm-up ones first, on worker 0), ``ready`` after the
   warm-up, then ``start`` (the instant on the worker's clock) from the orchestrator;
@@ -15,7 +15,7 @@ From ``go`` to ``done`` nothing else flows to the worker but ``start``, so while
 loop runs the worker watches the link for its end (``_Wire``, peeking, never reading): when the
 orchestrator exits, is interrupted or fails, the worker cancels its requests in flight and
 sends no more (its task returns ``"orphaned"``); the hooks given to :func:`when_orphaned` run
-then (a LocalCluster's worker mutes its output: ``tasks.stream.dask_cluster.mute_worker``). Its
+then (a LocalCluster's worker mutes its output: ``tasks.scaleout.dask_cluster.mute_worker``). Its
 records leave without blocking that loop: each goes to the socket with one non-blocking
 ``send``; what the socket does not take waits in a buffer that the loop writes out as the
 socket drains (an orchestrator slow to read holds no request of the level), and the buffer is
@@ -39,7 +39,7 @@ from dataclasses import replace
 from typing import Any
 
 from tasks import asyncrun
-from tasks.stream.clocksync import Offset, Sample, estimate_offset
+from tasks.scaleout.clocksync import Offset, Sample, estimate_offset
 from tasks.stream.level_result import LevelResult
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
@@ -143,7 +143,7 @@ def client_task(
             return "abandoned"  # a retry of a share that already ran (or the level is over)
         connection = replace(connection, api_key=answer["api_key"])
         # the heap before the level (imports: Dask's, this package's) is never garbage; frozen,
-        # the collector's full passes skip it (tasks.stream.multiproc measured 64 ms otherwise)
+        # the collector's full passes skip it (tasks.scaleout.multiproc measured 64 ms otherwise)
         gc.freeze()
         result = asyncrun.run(_measure(k, workers, link, connection, settings, warmup))
         if result is None:

@@ -17,8 +17,12 @@ repeat's measured records pooled (wall times summed), and the spread between the
 beside them (``<figure>_repeat_min`` / ``_max``): runs on a shared machine vary more than the
 requests within one run.
 
-A finished level is a :class:`Level` (settings, metrics, records); ``to_dict()`` is the
-stage's JSON entry. Tracking (child runs, plots) is the caller's, through ``on_level``.
+A finished level is a :class:`tasks.stream.level_figures.Level` (settings, metrics, records);
+``to_dict()`` is the stage's JSON entry; its figures and warnings are
+:func:`tasks.stream.level_figures.level_metrics`'. Tracking (child runs, plots) is the caller's,
+through ``on_level``. The loop is here, above the stream's figures, because it decides where
+each level runs: in client processes here (:mod:`tasks.scaleout.multiproc`) or over Dask
+workers (:mod:`tasks.scaleout.dask_load`).
 
 Imports neither prefect nor mlflow.
 """
@@ -28,84 +32,26 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 from urllib.parse import urlsplit
 
-from tasks import stats
+from tasks.config.taskrunner import parse_task_runner
 from tasks.endpoint import cache, endpoint_http, prometheus
-from tasks.endpoint.gauges import GaugeSample, GaugeSampler
+from tasks.endpoint.gauges import GaugeSampler
 from tasks.engines.death import server_died_error
-from tasks.metrics.registry import REPEAT_SPREAD
-from tasks.stats.interval import LEVEL_INTERVAL_FIGURES, figure_intervals
-from tasks.stats.samples import stream_units
+from tasks.scaleout.dask_cluster import dask_client
+from tasks.scaleout.dask_load import pooled_workers, run_level_dask
+from tasks.scaleout.multiproc import auto_processes, merge_lags, run_level_processes
 from tasks.stream import quality
-from tasks.stream.dask_cluster import dask_client
-from tasks.stream.dask_load import pooled_workers, run_level_dask
+from tasks.stream.level_figures import Level, level_metrics, repeat_spread
 from tasks.stream.level_result import LevelResult
-from tasks.stream.multiproc import auto_processes, merge_lags, run_level_processes
-from tasks.stream.quality import rate_text
 from tasks.stream.records import RequestRecord
 from tasks.stream.settings import Connection, LevelSettings
-from tasks.taskrunner import parse_task_runner
 from tasks.wire import proxy as proxies
 from tasks.wire.errors import SERVER_DIED
 
 _LOG = logging.getLogger("infermeter.stream")
-
-
-@dataclass(frozen=True)
-class Level:
-    """One finished load level.
-
-    Attributes:
-        settings: what it ran (:class:`tasks.stream.settings.LevelSettings`).
-        metrics: flat figures: ``tasks.stats.aggregate_level``'s (``ttft_ms_p50`` ...), the
-            client's loop lag (``client_loop_lag_ms_p99``, ``client_bound``, and
-            ``client_processes`` over several processes), the server's ``server_*`` view and
-            cross-check where it has ``/metrics``, ``num_short_outputs``, each mean and
-            percentile's ``_ci_low`` / ``_ci_high`` (``tasks.stats.interval``); repeated, over
-            every repeat's records pooled, with ``num_repeats`` and each repeat's range of
-            the figures of ``tasks.metrics.registry.REPEAT_SPREAD`` (``ttft_ms_p50_repeat_min``).
-        records: every request, warm-up first (flagged), then the measured ones by send time
-            (repeated, ``settings.repeats > 1``: so each repeat in turn, ``repeat`` set).
-        wall_s: first measured send to last measured completion (s); repeated: the repeats'
-            summed (the throughput figures' denominator).
-        gauges: the server's gauges every 250 ms of the measured part (``tasks.endpoint.gauges``).
-    """
-
-    settings: LevelSettings
-    metrics: dict[str, Any]
-    records: tuple[RequestRecord, ...]
-    wall_s: float
-    gauges: tuple[GaugeSample, ...] = ()
-
-    @property
-    def level(self) -> int:
-        return self.settings.level
-
-    @property
-    def max_concurrency(self) -> int:
-        return self.settings.max_concurrency
-
-    @property
-    def request_rate(self) -> float | None:
-        return self.settings.request_rate
-
-    @property
-    def measured(self) -> list[RequestRecord]:
-        """The non-warm-up records."""
-        return [r for r in self.records if not r.warmup]
-
-    def to_dict(self) -> dict[str, Any]:
-        """The stage's JSON entry: ``{"max_concurrency", "request_rate" (None = inf),
-        "metrics", "requests" (``RequestRecord.to_json`` each)}``."""
-        return {
-            "max_concurrency": self.max_concurrency,
-            "request_rate": self.request_rate,
-            "metrics": self.metrics,
-            "requests": [r.to_json() for r in self.records],
-        }
 
 
 def run_levels(
@@ -130,7 +76,7 @@ def run_levels(
         goodput: SLOs for the goodput figures (``tasks.stats.meets_slos``), e.g.
             ``{"ttft_ms": 500}``.
         client_processes: client processes per level, capped at each level's concurrency;
-            None: ``tasks.stream.multiproc.auto_processes`` (one per 128 streams).
+            None: ``tasks.scaleout.multiproc.auto_processes`` (one per 128 streams).
         on_record: every finished record, as it finishes (the crash-safe journal).
         on_level: every finished level, before the next starts (child runs, plots).
 
@@ -139,8 +85,8 @@ def run_levels(
             levels after it are not run (that level and those before it went to ``on_level``).
         logger: where the warnings go (default ``infermeter.stream``).
         task_runner: ``threads``/None: client processes here; ``dask`` / ``dask:N`` /
-            ``dask:ADDRESS`` (``tasks.taskrunner``): every level over Dask workers
-            (``tasks.stream.dask_load``), a LocalCluster started here for the run and closed after.
+            ``dask:ADDRESS`` (``tasks.config.taskrunner``): every level over Dask workers
+            (``tasks.scaleout.dask_load``), a LocalCluster started here for the run and closed after.
 
     Synchronous: each level runs its own event loop (``asyncio.run``) or its own processes, so
     call it from a thread without a running loop.
@@ -243,9 +189,9 @@ def _run_one(
     result = _pooled(results, settings)
     before, after = prometheus.combine(pairs)
     same_host = proxies.is_loopback(urlsplit(connection.base_url).hostname or "")
-    metrics = _level_metrics(result, before, after, settings, goodput, logger, same_host)
+    metrics = level_metrics(result, before, after, settings, goodput, logger, same_host)
     if settings.repeats > 1:
-        metrics.update(_repeat_spread(results, goodput))
+        metrics.update(repeat_spread(results, goodput))
     reset = settings.reset_cache and not refused
     served = next((cache.block_size_tokens(b) for b in befores.values() if b), None)
     block = served or settings.cache_block_size_tokens  # the server's, else the user's, else None
@@ -292,79 +238,3 @@ def _pooled(results: Sequence[LevelResult], settings: LevelSettings) -> LevelRes
     if "client_workers" in results[0].client:  # over Dask workers: each repeat's, and the losses summed
         out.client.update(pooled_workers([result.client for result in results]))
     return out
-
-
-def _repeat_spread(results: Sequence[LevelResult], goodput: Mapping[str, float] | None) -> dict[str, Any]:
-    """``num_repeats`` and, for each figure of ``tasks.metrics.registry.REPEAT_SPREAD``, its
-    least and greatest value over the repeats, each aggregated alone
-    (``<figure>_repeat_min`` / ``_max``; None where no repeat had the figure)."""
-    each = [stats.aggregate_level(result.records, result.wall_s, goodput) for result in results]
-    out: dict[str, Any] = {"num_repeats": len(results)}
-    for name in REPEAT_SPREAD:
-        values = [figures[name] for figures in each if figures.get(name) is not None]
-        out[f"{name}_repeat_min"] = min(values) if values else None
-        out[f"{name}_repeat_max"] = max(values) if values else None
-    return out
-
-
-def _level_metrics(
-    result: LevelResult,
-    before: dict[str, float] | None,
-    after: dict[str, float] | None,
-    settings: LevelSettings,
-    goodput: Mapping[str, float] | None,
-    logger: logging.Logger | logging.LoggerAdapter,
-    same_host: bool = False,
-) -> dict[str, Any]:
-    """The level's figures (:class:`Level`'s ``metrics``), warning on what is off (``same_host``:
-    the endpoint is this machine's loopback, the server on the client's cores)."""
-    index = settings.level
-    metrics = stats.aggregate_level(result.records, result.wall_s, goodput)
-    # each mean and percentile's 95 % interval: over requests, and over repeats when several
-    metrics.update(figure_intervals(stream_units(result.records), LEVEL_INTERVAL_FIGURES))
-    metrics.update(result.client)
-    metrics.update(prometheus.level_view(before, after))
-    metrics.update(cache.level_figures(result.measured, before, after))
-    metrics.update(prometheus.cross_check(metrics))
-    failures = quality.failures_message(index, result.records)
-    if failures:
-        logger.warning("%s", failures)
-    if metrics.get("server_client_disagree"):
-        logger.warning(
-            "level %d: the client's TTFT/E2E means differ from the server's own "
-            "(/metrics) by more than network and queue explain: TTFT client - server "
-            "= %s ms, E2E %s ms",
-            index,
-            metrics.get("ttft_ms_mean_client_minus_server"),
-            metrics.get("e2e_ms_mean_client_minus_server"),
-        )
-    short = sum(  # each request against its own max_tokens (a dataset's per-request lengths)
-        stats.count_short_outputs([r], settings.asked_max_tokens(r.request_id)) for r in result.measured
-    )
-    metrics["num_short_outputs"] = short
-    if short and settings.ignore_eos:
-        logger.warning(
-            "level %d: %d of %d requests returned fewer output tokens than asked (%s) "
-            "although ignore_eos was sent (the server may not take it)",
-            index,
-            short,
-            len(result.measured),
-            "per request" if settings.output_lens else settings.max_tokens,
-        )
-    if settings.schedule_s is not None:  # a recorded schedule: did the sends keep it?
-        metrics.update(quality.schedule_fidelity(metrics, settings.schedule_s[: settings.num_requests]))
-        if metrics["schedule_faithful"] == 0:
-            logger.warning(
-                "level %d did not keep the recorded schedule: sends were %.1f ms late at p99 (> %g ms; "
-                "achieved %s requests/s against the recorded %s): %s",
-                index,
-                metrics["send_lateness_ms_p99"],
-                quality.SCHEDULE_LATENESS_TOLERANCE_MS,
-                rate_text(metrics.get("achieved_request_rate")),
-                rate_text(metrics.get("recorded_request_rate")),
-                quality.schedule_advice(
-                    result.measured, settings.max_concurrency, quality.more_clients(metrics)
-                ),
-            )
-    quality.warn_client(metrics, settings, logger, same_host)
-    return metrics

@@ -1,4 +1,4 @@
-"""tasks.profile.memory and memory_readings: KV-cache formula vs the real cache, weight bytes, the
+"""tasks.memory.formula and tasks.memory.readings: KV-cache formula vs the real cache, weight bytes, the
 RSS sampler, CUDA no-ops.
 
 Everything runs on a tiny random-weight Llama with GQA (4 heads, 2 KV heads): no downloads.
@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM
 
-from tasks.profile.memory import (
+from tasks.memory.formula import (
     dtype_bytes,
     kv_cache_bytes_formula,
     kv_cache_bytes_measured,
@@ -22,7 +22,7 @@ from tasks.profile.memory import (
     kv_geometry,
     weights_bytes,
 )
-from tasks.profile.memory_readings import RssSampler, cuda_peak_bytes, cuda_reset_peak
+from tasks.memory.readings import RssSampler, cuda_peak_bytes, cuda_reset_peak
 
 TINY = dict(
     vocab_size=256,
@@ -155,7 +155,7 @@ def test_rss_sampler_sees_a_deliberate_allocation():
     # absorb the block without any RSS growth, which is the allocator's truth, not the sampler's.
     code = (
         "import time, torch\n"
-        "from tasks.profile.memory_readings import RssSampler\n"
+        "from tasks.memory.readings import RssSampler\n"
         "with RssSampler() as s:\n"
         "    block = torch.ones(50_000_000, dtype=torch.float32)  # 200 MB, every page touched\n"
         "    time.sleep(1.0)  # ~200 sampling intervals\n"

@@ -14,8 +14,8 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from tasks.memory.formula import dtype_bytes, kv_cache_bytes_formula, weights_bytes
 from tasks.profile.measure import make_prompt_ids, profile_point
-from tasks.profile.memory import dtype_bytes, kv_cache_bytes_formula, weights_bytes
 from tasks.profile.phases import decode_one_token, greedy, prefill
 from tasks.profile.standalone import main
 from tasks.profile.timing import Timer, percentile, resolve_device

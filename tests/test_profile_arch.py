@@ -13,6 +13,14 @@ from dataclasses import replace
 import pytest
 import torch
 
+from tasks.memory.formula import (
+    MemoryNeedError,
+    check_memory,
+    estimate_point_memory,
+    kv_cache_bytes_formula,
+    kv_cache_bytes_seed_formula,
+    kv_geometry,
+)
 from tasks.models.arch import ARCH_PRESETS, parameter_count
 from tasks.models.sources import (
     ModelSourceError,
@@ -24,14 +32,6 @@ from tasks.models.sources import (
 )
 from tasks.profile.grid import ProfilePoint, check_request, profile_points
 from tasks.profile.measure import make_prompt_ids
-from tasks.profile.memory import (
-    MemoryNeedError,
-    check_memory,
-    estimate_point_memory,
-    kv_cache_bytes_formula,
-    kv_cache_bytes_seed_formula,
-    kv_geometry,
-)
 from tasks.profile.phases import greedy, prefill
 from tasks.profile.plots import write_profile_plots
 from tasks.profile.runner import run_sweep

@@ -16,10 +16,10 @@ import time
 
 import psutil
 
+from tasks.memory.formula import estimate_point_memory, kv_cache_bytes_formula
 from tasks.models.arch import parameter_count
 from tasks.models.sources import model_config
 from tasks.profile.grid import profile_points
-from tasks.profile.memory import estimate_point_memory, kv_cache_bytes_formula
 from tasks.profile.runner import CHILD_PROCESS_FRACTION, run_sweep
 
 SPEC = "arch:smollm2-135m"

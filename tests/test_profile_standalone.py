@@ -18,7 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tasks.profile.memory import kv_cache_bytes_formula
+from tasks.memory.formula import kv_cache_bytes_formula
 from tasks.profile.standalone import main
 
 REPO = Path(__file__).resolve().parent.parent
@@ -103,7 +103,7 @@ _HIDDEN_RUN = textwrap.dedent("""
             return PathFinder.find_spec(name, path, target)
 
     sys.meta_path[:] = [NotInstalled if f is PathFinder else f for f in sys.meta_path]
-    import tasks.profile.standalone, tasks.models.arch, tasks.models.sources, tasks.profile.runner, tasks.profile.gpu_metrics, tasks.profile.memory
+    import tasks.profile.standalone, tasks.models.arch, tasks.models.sources, tasks.profile.runner, tasks.profile.gpu_metrics, tasks.memory.formula
     code = tasks.profile.standalone.main(sys.argv[1:])
     loaded = sorted(m for m in sys.modules if m.partition(".")[0] in HIDDEN)
     print(json.dumps(loaded), file=sys.stderr)

@@ -7,8 +7,8 @@ import pytest
 import yaml
 
 from tasks.config import AuditConfig, ConfigError, ProfileConfig, load_config
+from tasks.memory.formula import kv_cache_bytes_formula
 from tasks.profile.grid import ProfilePoint, check_request, point_label, profile_points, steps_swept
-from tasks.profile.memory import kv_cache_bytes_formula
 from tasks.profile.plots import _group
 from tasks.profile.runner import run_sweep
 

@@ -269,13 +269,13 @@ def test_a_hung_profile_child_is_stopped_and_the_sweep_goes_on(monkeypatch) -> N
 
 
 def test_the_child_limit_follows_its_estimate(monkeypatch) -> None:
+    from tasks.memory.formula import PointMemory
     from tasks.profile.limits import (
         CHILD_LOAD_BYTES_PER_S,
         CHILD_READ_BYTES_PER_S,
         CHILD_START_S,
         child_time_limit_s,
     )
-    from tasks.profile.memory import PointMemory
 
     monkeypatch.delenv("INFERMETER_PROFILE_CHILD_LIMIT_S", raising=False)
     (point,) = profile_points([100], [2], ["float32"], [40], [10])

@@ -9,11 +9,10 @@
 - ``grid``: which points a sweep runs (:class:`~tasks.profile.grid.ProfilePoint`) and the checks
   made before anything heavy;
 - ``runner``: a sweep of points over one model spec, points that may not fit in child processes;
-- ``memory``: KV-cache formulas and measured bytes, weights, the estimate checked before a point;
-- ``memory_readings``: RSS and its peak sampler, CUDA peak, memory available;
 - ``gpu_metrics``: NVML power and utilisation; ``plots``: the profile's PNG charts;
   ``journal``: the points written to the run's work folder;
 - ``standalone`` / ``__main__``: ``python -m tasks.profile``, torch and transformers only.
 
-Nothing here imports prefect or mlflow.
+Memory (the KV-cache formulas, the estimate checked before a point, the live readings) is the
+room of its own ``tasks.memory``. Nothing here imports prefect or mlflow.
 """

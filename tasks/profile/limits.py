@@ -1,7 +1,7 @@
 """How long a profile point's child process may run before it is stopped as hung.
 
 A point that runs in a spawned child (:mod:`tasks.profile.runner`) gets a wall-clock limit
-derived from its memory estimate (:class:`tasks.profile.memory.PointMemory`, bytes) and its
+derived from its memory estimate (:class:`tasks.memory.formula.PointMemory`, bytes) and its
 work, generous enough for a slow CPU, so that only a hang (a deadlock, a stuck driver call,
 a child waiting forever on a lock) reaches it:
 
@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 import os
 
+from tasks.memory.formula import PointMemory
 from tasks.profile.grid import ProfilePoint
-from tasks.profile.memory import PointMemory
 
 CHILD_START_S = 300.0  # s: interpreter, torch and transformers imports on a busy machine
 CHILD_LOAD_BYTES_PER_S = 20e6  # bytes/s: floor rate of loading and allocating the estimate

@@ -14,20 +14,20 @@ from typing import Any
 
 import torch
 
-from tasks.profile.gpu_metrics import NvmlSampler
-from tasks.profile.memory import (
+from tasks.memory.formula import (
     dtype_bytes,
     kv_cache_bytes_formula,
     kv_cache_bytes_seed_formula,
     kv_geometry,
     weights_bytes,
 )
-from tasks.profile.memory_readings import (
+from tasks.memory.readings import (
     RssSampler,
     cuda_allocated_bytes,
     cuda_peak_bytes,
     cuda_reset_peak,
 )
+from tasks.profile.gpu_metrics import NvmlSampler
 from tasks.profile.phases import TimedRun, last_hidden_state_shape, one_run
 from tasks.profile.result import GpuMetrics, PointMeasurement
 from tasks.profile.timing import median_index, percentile, resolve_device
@@ -119,9 +119,9 @@ def profile_point(
       timed repeat by total decode time (lower median for an even count), and its statistics
       and generated_token_ids come from that repeat;
     - kv_cache_bytes* are read from the cache after prefill and after decode; the formulas
-      (:mod:`tasks.profile.memory`) use the positions read from the cache;
+      (:mod:`tasks.memory.formula`) use the positions read from the cache;
     - peak_memory_bytes: CPU: peak RSS (sampled by a separate process,
-      :class:`~tasks.profile.memory_readings.RssSampler`) during the point (warm-up and timed
+      :class:`~tasks.memory.readings.RssSampler`) during the point (warm-up and timed
       repeats) minus the RSS before it; CUDA: torch.cuda.max_memory_allocated over the point
       after reset_peak_memory_stats (absolute, weights included);
     - decode_bandwidth_gb_per_s (CUDA only): bytes read per decode step (weights + the cache

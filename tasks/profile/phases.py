@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tasks.profile.memory import kv_cache_bytes_measured
+from tasks.memory.formula import kv_cache_bytes_measured
 from tasks.profile.timing import Timer, synchronize
 
 __all__ = ["TimedRun", "decode_one_token", "greedy", "last_hidden_state_shape", "one_run", "prefill"]

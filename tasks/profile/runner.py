@@ -9,7 +9,7 @@ the ``infermeter profile`` command both call :func:`run_sweep`, which returns on
 Memory is checked before it is allocated (there is no swap: a process that runs out is killed by
 the kernel, with no traceback): before a dtype's model is built or loaded, its weights plus the
 smallest point's KV cache and activations must fit in the available memory; before each point,
-that point's KV cache and activations must (:func:`tasks.profile.memory.estimate_point_memory`, at the
+that point's KV cache and activations must (:func:`tasks.memory.formula.estimate_point_memory`, at the
 point's own max_new_tokens). A point that does not fit, or that raises, is recorded as failed
 with its cause, and the sweep goes on.
 
@@ -37,12 +37,7 @@ from typing import Any
 import torch
 
 from tasks.bare_main import bare_main
-from tasks.models.arch import parameter_count
-from tasks.models.sources import load_model, model_config, resolve
-from tasks.profile.grid import ProfilePoint, steps_swept
-from tasks.profile.limits import child_time_limit_s, hang_for_test, receive_or_kill
-from tasks.profile.measure import make_prompt_ids, profile_point
-from tasks.profile.memory import (
+from tasks.memory.formula import (
     MemoryNeedError,
     PointMemory,
     check_memory,
@@ -50,7 +45,12 @@ from tasks.profile.memory import (
     estimate_point_memory,
     format_gib,
 )
-from tasks.profile.memory_readings import available_memory_bytes
+from tasks.memory.readings import available_memory_bytes
+from tasks.models.arch import parameter_count
+from tasks.models.sources import load_model, model_config, resolve
+from tasks.profile.grid import ProfilePoint, steps_swept
+from tasks.profile.limits import child_time_limit_s, hang_for_test, receive_or_kill
+from tasks.profile.measure import make_prompt_ids, profile_point
 from tasks.profile.result import PointMeasurement, ProfilePointResult
 from tasks.profile.timing import resolve_device
 
@@ -240,7 +240,7 @@ def run_sweep(
     ``max_new_tokens``: the decode steps of points whose own ``max_new_tokens`` is None.
 
     Per dtype, one reading of ``available(device)`` (bytes) decides: if even the smallest point
-    (weights + KV + activations, :func:`tasks.profile.memory.estimate_point_memory`) does not fit, every
+    (weights + KV + activations, :func:`tasks.memory.formula.estimate_point_memory`) does not fit, every
     point of the dtype fails with ``MemoryNeedError``; points whose need is at most
     ``child_fraction`` x that reading run in this process on one loaded model (each first
     checked against a fresh reading, weights resident); the others then run one by one, each

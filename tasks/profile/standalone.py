@@ -79,7 +79,7 @@ def _build_standalone(
     Raises:
         ValueError: shape flags beside --model, a spec that is not arch:, an unknown preset, a
             dtype the device cannot run, a prompt + max_new_tokens over the model's context.
-        tasks.profile.memory.MemoryNeedError: the point would not fit in the available memory.
+        tasks.memory.formula.MemoryNeedError: the point would not fit in the available memory.
     """
     if args.model is None:
         shape = {
@@ -100,11 +100,11 @@ def _build_standalone(
         )
         return model, shape["vocab"], None
 
+    from tasks.memory.formula import check_memory, dtype_bytes, estimate_point_memory
+    from tasks.memory.readings import available_memory_bytes
     from tasks.models.arch import parameter_count
     from tasks.models.sources import build_arch_model, default_dtype
     from tasks.profile.grid import check_request
-    from tasks.profile.memory import check_memory, dtype_bytes, estimate_point_memory
-    from tasks.profile.memory_readings import available_memory_bytes
 
     given = [f"--{k.replace('_', '-')}" for k in _SHAPE_DEFAULTS if getattr(args, k) is not None]
     if given:
@@ -144,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
     included), 1 when the point would not fit in memory (checked before the model is built). Presets' weights use seed 0 (like
     ``infermeter profile``); ``--seed`` sets the shape flags' weights and the prompt ids.
     """
-    from tasks.profile.memory import MemoryNeedError
+    from tasks.memory.formula import MemoryNeedError
 
     parser = argparse.ArgumentParser(
         prog="python -m tasks.profile",

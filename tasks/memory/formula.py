@@ -1,7 +1,7 @@
 """Memory by formula for the local profile stage: the KV-cache formulas and the cache's measured
 bytes, weight bytes, and the estimate of what a point will need, checked before anything is
 allocated. The live readings (RSS and its sampler, CUDA peak, memory available) are in
-:mod:`tasks.profile.memory_readings`.
+:mod:`tasks.memory.readings`.
 
 This module imports only the standard library and torch, so it runs on a GPU machine that has
 torch and transformers and nothing else. Definitions follow DESIGN.md, "Metric definitions",

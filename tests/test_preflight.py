@@ -292,7 +292,7 @@ def test_a_tracking_uri_mlflow_cannot_open_exits_2_in_seconds(tmp_path, args) ->
 
 
 def test_tracking_uris_mlflow_can_open_pass(tmp_path) -> None:
-    from tasks.tracking.preflight_store import check_tracking_uri
+    from tasks.endpoint.preflight_store import check_tracking_uri
 
     for uri in (
         f"sqlite:///{tmp_path}/mlflow.db",

@@ -29,8 +29,8 @@ def command(
 ) -> None:
     """Upload to MLflow what a run could not log while its tracking server was away."""
     from tasks.endpoint.preflight import PreflightError
+    from tasks.endpoint.preflight_store import check_tracking_server
     from tasks.tracking.journal import offline_note, pending_entries
-    from tasks.tracking.preflight_store import check_tracking_server
 
     if not run_folder.is_dir():
         fail_input(f"RUN_FOLDER: {run_folder} is not a folder; give the folder the run's output named")

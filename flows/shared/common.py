@@ -143,15 +143,15 @@ def check_tokenizer_sources(names: list[str], model_spec: str, setting: str, mod
 def preflight(track: bool, prefect: bool = True) -> None:
     """Fail fast, with one line naming the URL, when a configured server does not answer:
     the MLflow tracking server (when tracking; first, a ``MLFLOW_TRACKING_URI`` MLflow cannot
-    open: ``tasks.tracking.preflight_store.check_tracking_uri``, and a local store it would fail on, a file
-    store or a SQLite file that is no database: ``tasks.tracking.preflight_store.check_local_store``) and the Prefect API (when ``prefect`` and
+    open: ``tasks.endpoint.preflight_store.check_tracking_uri``, and a local store it would fail on, a file
+    store or a SQLite file that is no database: ``tasks.endpoint.preflight_store.check_local_store``) and the Prefect API (when ``prefect`` and
     PREFECT_API_URL is set; ``compare`` runs no flow). Without this a dead server costs
     minutes of client retries and a stack trace."""
     import urllib.error
     import urllib.request
 
     from tasks.endpoint.preflight import PreflightError
-    from tasks.tracking.preflight_store import check_local_store, check_tracking_server, check_tracking_uri
+    from tasks.endpoint.preflight_store import check_local_store, check_tracking_server, check_tracking_uri
 
     checks = []
     tracking_uri = os.environ.get("MLFLOW_TRACKING_URI", "")

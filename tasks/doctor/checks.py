@@ -124,8 +124,8 @@ def mlflow_store() -> Check:
     store): its URI is one MLflow can open, it answers, and its experiment can be opened (made
     on first use: a write)."""
     from tasks.endpoint.preflight import PreflightError
+    from tasks.endpoint.preflight_store import check_tracking_server, check_tracking_uri
     from tasks.tracking import Tracker
-    from tasks.tracking.preflight_store import check_tracking_server, check_tracking_uri
     from tasks.tracking.values import default_tracking_uri
 
     uri = default_tracking_uri()

@@ -9,6 +9,12 @@ over a level), :mod:`gauges` (its gauges sampled during a level) and :mod:`cache
 cache over a level: hit rate, the cached share, what a perfect cache would give).
 
 Imports the wire (:mod:`tasks.wire.proxy`: the endpoint's way) and, for the embedded server, the
-engines; ``tasks.stream`` imports this room, never the reverse. The MLflow store's own pre-flight
-is ``tasks.tracking.preflight_store`` (it raises this room's :class:`preflight.PreflightError`).
+engines; ``tasks.stream`` imports this room, never the reverse.
+
+:mod:`preflight_store`, the pre-flight of the MLflow store a command writes to, sits beside the
+endpoint's (it raises the same :class:`preflight.PreflightError`, said the same way) rather than
+in ``tasks.tracking``: the engines import the tracking (the lifeline ends a killed command's
+runs) and this room imports the engines, so a tracking module importing this room would close a
+cycle. It imports no mlflow: it reads the URI, opens a SQLite store read-only and asks a
+tracking server over HTTP.
 """

@@ -48,8 +48,8 @@ def shared_prefect_api(tmp_path_factory):
     under the session's temporary folder."""
     from prefect.settings import PREFECT_API_URL, PREFECT_HOME, temporary_settings
 
-    from flows.shared.prefect_api import local_api_url
     from flows.prefect_server import stop_server
+    from flows.shared.prefect_api import local_api_url
     from tests.prefect_home import save_template
 
     home = tmp_path_factory.mktemp("prefect-home")

@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 RUN_MARK = "<!-- docs-test: run -->"
 #: Seconds one page's run blocks may take (their commands are small: a few requests each).
-PAGE_LIMIT_S = 300
+PAGE_LIMIT_S = 420
 
 
 def doc_files() -> list[Path]:
@@ -261,16 +261,18 @@ def _kill_group(proc: subprocess.Popen) -> None:
             time.sleep(0.5)
 
 
-@pytest.mark.parametrize("path", pages_with_runs(), ids=lambda p: str(p.relative_to(ROOT)))
-def test_doc_runs(path, tmp_path, shared_prefect_api):
+def run_page(name: str, blocks: list[tuple[int, str]], tmp_path: Path, api_url: str, limit_s: float):
+    """Run one page's ``blocks`` (:func:`run_blocks`) in order in one ``bash -euo pipefail``, in
+    ``tmp_path/run`` holding copies of ``configs/`` and ``tests/``; kill its process group at
+    the end. Returns (exit status, or None when it ran past ``limit_s`` seconds; seconds taken;
+    the output's last 5,000 characters)."""
     from flows.prefect_server import stop_server
 
-    blocks = run_blocks(path.read_text())
     folder = tmp_path / "run"
-    folder.mkdir()
+    folder.mkdir(parents=True)
     shutil.copytree(ROOT / "configs", folder / "configs")
     shutil.copytree(ROOT / "tests", folder / "tests", ignore=shutil.ignore_patterns("__pycache__"))
-    script = "\n".join(f'echo "== {path.name}:{first} at $SECONDS s"\n{body}' for first, body in blocks)
+    script = "\n".join(f'echo "== {name}:{first} at $SECONDS s"\n{body}' for first, body in blocks)
     script += '\necho "== done at $SECONDS s"'
     (tmp_path / "blocks.sh").write_text(script + "\n")
     env = {
@@ -278,7 +280,7 @@ def test_doc_runs(path, tmp_path, shared_prefect_api):
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
         "MLFLOW_TRACKING_URI": f"sqlite:///{folder / 'mlruns' / 'mlflow.db'}",
         "INFERMETER_WORK_DIR": str(tmp_path / "work"),
-        "PREFECT_API_URL": shared_prefect_api,
+        "PREFECT_API_URL": api_url,
         "PREFECT_HOME": str(tmp_path / "prefect-home"),
         "NO_COLOR": "1",
     }
@@ -296,14 +298,39 @@ def test_doc_runs(path, tmp_path, shared_prefect_api):
             start_new_session=True,
         )
         try:
-            code = proc.wait(timeout=PAGE_LIMIT_S)
+            code = proc.wait(timeout=limit_s)
         except subprocess.TimeoutExpired:
             code = None
         finally:
             _kill_group(proc)
             stop_server(tmp_path / "prefect-home")  # a server a block made there, if any
-    took = time.monotonic() - started
-    tail = log.read_text(errors="replace")[-5000:]
+    return code, time.monotonic() - started, log.read_text(errors="replace")[-5000:]
+
+
+def test_run_page_reports_a_failure_and_kills_what_it_started(tmp_path, shared_prefect_api):
+    """The runner itself: a failing line stops the page (``-e``) with its output kept, a
+    background process a block started is killed at the end, and a hung page is stopped at
+    its limit."""
+    blocks = [
+        (3, "sleep 300 &\necho $! > background.pid\nls configs/default.yaml tests/groundtruth_server.py"),
+        (9, "echo before-the-failure\nfalse\necho never-printed"),
+    ]
+    code, took, tail = run_page("fake.md", blocks, tmp_path / "a", shared_prefect_api, 60)
+    assert code == 1 and took < 30, (code, took, tail)
+    assert "== fake.md:9" in tail and "before-the-failure" in tail and "never-printed" not in tail
+    background = Path(f"/proc/{int((tmp_path / 'a' / 'run' / 'background.pid').read_text())}/stat")
+    # gone, or a zombie its new parent has not reaped yet (the shell that started it has exited)
+    assert not background.exists() or background.read_text().split(")")[-1].split()[0] == "Z"
+    code, took, tail = run_page(
+        "hung.md", [(1, "echo waiting\nsleep 60")], tmp_path / "b", shared_prefect_api, 2
+    )
+    assert code is None and took < 20 and "waiting" in tail
+
+
+@pytest.mark.parametrize("path", pages_with_runs(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_doc_runs(path, tmp_path, shared_prefect_api):
+    blocks = run_blocks(path.read_text())
+    code, took, tail = run_page(path.name, blocks, tmp_path, shared_prefect_api, PAGE_LIMIT_S)
     where = f"{path.relative_to(ROOT)} (blocks at lines {', '.join(str(f) for f, _ in blocks)})"
     print(f"{where}: exit {code} in {took:.0f} s; output's tail:\n{tail}")  # shown by pytest -rP
     assert code is not None, f"{where}: still running after {PAGE_LIMIT_S} s; output's tail:\n{tail}"

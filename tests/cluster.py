@@ -61,26 +61,27 @@ class PgCluster:
     data_dir: Path
 
     def uri(self, database: str, password: str | None = None) -> str:
-        """``postgresql+psycopg2://user:pw@127.0.0.1:PORT/database``: the driver is named because
-        SQLAlchemy 2.1 reads a plain ``postgresql://`` as psycopg 3, which is not installed.
-        ``password`` replaces the real one (a wrong-password test)."""
+        """``postgresql://user:pw@127.0.0.1:PORT/database``: SQLAlchemy 2.1 opens a plain
+        ``postgresql://`` with psycopg 3 (``psycopg[binary]``, the dev extra), as a user's
+        ``mlflow server --backend-store-uri postgresql://...`` would. ``password`` replaces the
+        real one (a wrong-password test)."""
         pw = self.password if password is None else password
-        return f"postgresql+psycopg2://{self.user}:{pw}@{self.host}:{self.port}/{database}"
+        return f"postgresql://{self.user}:{pw}@{self.host}:{self.port}/{database}"
 
     def execute(self, sql: str) -> None:
         """Run one statement as the superuser on database ``postgres`` (autocommit: CREATE
         DATABASE cannot run in a transaction)."""
-        import psycopg2
+        import psycopg
 
-        conn = psycopg2.connect(
-            host=self.host, port=self.port, user=self.user, password=self.password, dbname="postgres"
-        )
-        try:
-            conn.autocommit = True
-            with conn.cursor() as cursor:
-                cursor.execute(sql)
-        finally:
-            conn.close()
+        with psycopg.connect(
+            host=self.host,
+            port=self.port,
+            user=self.user,
+            password=self.password,
+            dbname="postgres",
+            autocommit=True,
+        ) as conn:
+            conn.execute(sql)
 
     def create_database(self, name: str, owner: str | None = None, password: str | None = None) -> str:
         """Create database ``name``; with ``owner`` also that role (LOGIN, ``password``) owning
@@ -88,7 +89,7 @@ class PgCluster:
         if owner:
             self.execute(f"CREATE ROLE \"{owner}\" LOGIN PASSWORD '{password}'")
             self.execute(f'CREATE DATABASE "{name}" OWNER "{owner}"')
-            return f"postgresql+psycopg2://{owner}:{password}@{self.host}:{self.port}/{name}"
+            return f"postgresql://{owner}:{password}@{self.host}:{self.port}/{name}"
         self.execute(f'CREATE DATABASE "{name}"')
         return self.uri(name)
 

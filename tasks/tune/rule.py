@@ -149,9 +149,10 @@ def welch(
     """``(difference, ci_low, ci_high, p_value)`` of ``mean(top) - mean(other)`` by Welch
     (module docstring, step 2): ``scipy.stats.ttest_ind(equal_var=False)``, its p-value and its
     ``confidence_interval``, which agree with the formulas written out to about 1e-12 relative
-    (tests/test_tune.py; ``tests/benchmarks/library_pieces.py welch``: about 0.7 ms a call, a
-    few calls per tune). The interval and p-value None with fewer than 2 values on a side. Both spreads 0 (where scipy's
-    t is undefined): the interval is the difference itself, p 0 (differ) or 1 (equal).
+    (tests/test_tune.py; ``tests/benchmarks/library_pieces.py welch``: 0.7 to 1.3 ms a call on 2
+    loaded cores against 0.3 ms written out, a few calls per tune). The interval and p-value
+    None with fewer than 2 values on a side. Both spreads 0 (where scipy's t is undefined): the
+    interval is the difference itself, p 0 (differ) or 1 (equal).
 
     Raises:
         ValueError: a side without a finite value.

@@ -18,7 +18,7 @@ Records are never lost: each process sends every record to the parent as soon as
 next), and the parent hands it to ``on_record`` (the crash-safe journal) at once. The processes
 have no tokenizer: the parent counts output tokens of records without usage
 (``fill_output_tokens``), and a conversation turn's prompt tokens
-(``tasks.stream.load.HistoryTokens``), before anything sees them.
+(``tasks.stream.level_result.HistoryTokens``), before anything sees them.
 
 The level's client figures (``tasks.stream.quality.client_figures``) are taken over every
 process's records; the loop lag is the worst process's (largest p99; its flag set when any

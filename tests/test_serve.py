@@ -234,13 +234,16 @@ def test_browser_sees_runs_in_mlflow_and_the_form_in_prefect(served, tmp_path):
     assert (SCREENSHOTS / "prefect_deployment_form.png").stat().st_size > 10_000
 
 
-def test_the_readme_prefect_ui_on_another_port_calls_that_port(tmp_path):
-    """The README's line for a Prefect UI on a port other than 4200, run as written (on a free
+def test_the_docs_prefect_ui_on_another_port_calls_that_port(tmp_path):
+    """The serve page's line (docs/commands/serve.md; the README's until issue 51) for a Prefect UI on a port other than 4200, run as written (on a free
     port): the UI's settings name that port's API; without PREFECT_UI_API_URL they name 4200."""
     from conftest import _free_port, _start, _stop
 
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text(encoding="utf-8")
-    [line] = re.findall(r"`(PREFECT_UI_API_URL=\S+ \.venv/bin/prefect server start --port \d+)`", readme)
+    page = Path(__file__).resolve().parent.parent / "docs" / "commands" / "serve.md"
+    [line] = re.findall(
+        r"`(PREFECT_UI_API_URL=\S+ \.venv/bin/prefect server start --port \d+)`",
+        page.read_text(encoding="utf-8"),
+    )
     setting, command = line.split(" ", 1)
     readme_port = command.rsplit(" ", 1)[1]
     port = str(_free_port())

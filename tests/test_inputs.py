@@ -102,6 +102,12 @@ def test_help_shows_the_config_defaults(tmp_path) -> None:
     assert f"[default: ({StreamConfig().num_requests})]" in line
     line = next(line for line in result.stdout.splitlines() if "--request-timeout-s" in line)
     assert "seconds" in line and "[default: (120.0)]" in line
+    # a file option is not given the same-named field's value (the prompts' texts), and an empty
+    # SLO table reads "none", not a Python dict
+    line = next(line for line in result.stdout.splitlines() if "--prompts " in line)
+    assert "Prompts file" in line and "default" not in line
+    line = next(line for line in result.stdout.splitlines() if "--goodput" in line)
+    assert "[default: (none)]" in line
 
 
 def test_the_client_bound_warning_prints_enough_digits() -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import inspect
 import re
+from pathlib import PurePath
 from typing import Any
 
 from pydantic import BaseModel
@@ -79,7 +80,7 @@ def _defaults(model: type[BaseModel]) -> dict[str, object]:
 def _text(value: object) -> str:
     if isinstance(value, list):
         return ",".join("inf" if v is None else str(v) for v in value) or "none"
-    return "none" if value is None else str(value)
+    return "none" if value in (None, {}) else str(value)
 
 
 def show_config_defaults(group: Any) -> Any:
@@ -92,6 +93,10 @@ def show_config_defaults(group: Any) -> Any:
         defaults = _defaults(model)
         for param in command.params:
             is_option = getattr(param, "param_type_name", "") == "option"  # typer's own click
-            if is_option and param.default is None and param.name in defaults:
+            # a file option whose name is a field's holds a path, not the field's value (stream's
+            # --prompts is a prompts file; the config's prompts are texts)
+            annotation = getattr(getattr(param, "type_descriptor", None), "annotation", None)
+            is_path = isinstance(annotation, type) and issubclass(annotation, PurePath)
+            if is_option and not is_path and param.default is None and param.name in defaults:
                 param.show_default = _text(defaults[param.name])
     return group

@@ -258,8 +258,16 @@ class SweepConfig(_Strict):
     prompt: str = Field(
         "Write one sentence about the sea.", min_length=1, description="The prompt every sample gets."
     )
-    temperature: list[float] = Field(default_factory=lambda: [0.0, 0.7, 1.2], min_length=1)
-    top_p: list[float] = Field(default_factory=lambda: [0.9, 1.0], min_length=1)
+    temperature: list[float] = Field(
+        default_factory=lambda: [0.0, 0.7, 1.2],
+        min_length=1,
+        description="Temperatures of the grid, each in [0, 2] (0 = greedy).",
+    )
+    top_p: list[float] = Field(
+        default_factory=lambda: [0.9, 1.0],
+        min_length=1,
+        description="top_p values of the grid, each in (0, 1] (1.0 = off).",
+    )
     top_k: list[int] = Field(
         default_factory=list, description="Top-k values (0 = off); empty = not sent (the target's default)."
     )

@@ -23,18 +23,14 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # MkDocs loads hooks by path (hook_markdown.py)
+from hook_markdown import cell, write_if_changed  # noqa: E402
+
 SCRIPT = "infermeter"
 
 
 def _root(config: Any) -> Path:
     return Path(config["config_file_path"]).resolve().parent
-
-
-def write_if_changed(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (folders made) unless it holds exactly that already."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
 
 
 def find_group(root: Path) -> Any:
@@ -65,12 +61,6 @@ def find_group(root: Path) -> Any:
     if "show_config_defaults" in imports:
         group = importlib.import_module(imports["show_config_defaults"]).show_config_defaults(group)
     return group
-
-
-def cell(text: str) -> str:
-    """``text`` made safe for one markdown table cell: one line, pipes and HTML escaped."""
-    text = " ".join(str(text).split())
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("*", "\\*")
 
 
 def prose(text: str) -> str:

@@ -19,18 +19,8 @@ from typing import Any
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
-
-def write_if_changed(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (folders made) unless it holds exactly that already."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
-
-
-def cell(text: str) -> str:
-    """``text`` made safe for one markdown table cell: one line, pipes and HTML escaped."""
-    text = " ".join(str(text).split())
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace("|", "\\|").replace("*", "\\*")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # MkDocs loads hooks by path (hook_markdown.py)
+from hook_markdown import cell, write_if_changed  # noqa: E402
 
 
 def code(text: str) -> str:

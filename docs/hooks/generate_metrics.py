@@ -13,12 +13,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
-def write_if_changed(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` (folders made) unless it holds exactly that already."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if not path.exists() or path.read_text(encoding="utf-8") != text:
-        path.write_text(text, encoding="utf-8")
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # MkDocs loads hooks by path (hook_markdown.py)
+from hook_markdown import write_if_changed  # noqa: E402
 
 
 def generate(root: Path) -> None:

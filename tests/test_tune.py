@@ -657,10 +657,16 @@ def test_a_capacity_tunes_repeats_are_one_row_per_configuration_and_the_best_by_
     assert [c["label"] for c in confs] == ["startup_delay_s=0", "startup_delay_s=0.1"]
     rows = _capacity_rows(proc.stdout)  # asserts one row per configuration
     assert sorted(rows) == ["0", "1"]
+    # each repeat's search probes a rate of its own (the middle of its measured bracket), so rows
+    # matched up by rate would split a configuration. A repeat may stop before it bisects (a
+    # level flagged client-bound ends the search; in CI at stop 55 one repeat probed no rate),
+    # so the four repeats are asked for two rates at least, not each configuration for two.
+    rates = {
+        lv["request_rate"] for c in confs for r in c["repeats"] for lv in r["levels"] if lv["request_rate"]
+    }
+    assert len(rates) >= 2, [r["capacity"]["stop_reason"] for c in confs for r in c["repeats"]]
     candidates, marks = [], {}
     for conf in confs:
-        rates = {lv["request_rate"] for r in conf["repeats"] for lv in r["levels"] if lv["request_rate"]}
-        assert len(rates) == 2  # each repeat's search probed a rate of its own: nothing to match up
         each = [r["capacity"]["capacity_requests_per_s"] for r in conf["repeats"]]
         over = conf["capacity_over_repeats"]
         assert len(each) == 2 and all(v > 0 for v in each) and over["per_repeat"] == each

@@ -118,6 +118,11 @@ def test_the_cli_names_the_regressed_metrics_and_the_baseline_runs(tmp_path, cap
         line.split()[:3] == ["tpot_ms_mean", "+0.0", "%"] and "unchanged" in line for line in out.splitlines()
     )
     assert f"Baseline runs: {old}" in out
+    # an improvement is named apart, not among the regressions after "in"
+    both = _audit(tracker, _config(), {}, finish=False)
+    print_verdict(judge(tracker, both, {"ttft_ms_p50": 130.0, "tpot_ms_mean": 5.0}, IDENT, one).to_dict())
+    first = capsys.readouterr().out.splitlines()[0]
+    assert " in ttft_ms_p50 (+30.0 %); improved: tpot_ms_mean (-50.0 %); baseline: " in first
     other = _audit(tracker, _config(max_tokens=32), {}, finish=False)
     print_verdict(judge(tracker, other, {"ttft_ms_p50": 1.0}, IDENT, RegressionConfig()).to_dict())
     out = capsys.readouterr().out

@@ -142,14 +142,20 @@ def print_verdict(verdict: dict) -> None:
         )
     else:
         counts = ", ".join(f"{n} {kind}" for kind, n in (verdict.get("counts") or {}).items())
-        moved = [
-            f"{row['metric']} ({row['change_pct']:+.1f} %)"
-            for row in verdict["rows"]
-            if row["verdict"] in ("regressed", "improved")
-        ]
+        # the regressed metrics after "in", the improved ones apart: a headline that read
+        # "REGRESSED in ..., ttft_ms_tail (-38.7 %)" listed an improvement as a regression
+        moved = {
+            kind: ", ".join(
+                f"{row['metric']} ({row['change_pct']:+.1f} %)"
+                for row in verdict["rows"]
+                if row["verdict"] == kind
+            )
+            for kind in ("regressed", "improved")
+        }
         console.print(
             f"Regression verdict: {verdict['status'].upper()} ({counts})"
-            + (f" in {', '.join(moved)}" if moved else "")
+            + (f" in {moved['regressed']}" if moved["regressed"] else "")
+            + (f"; improved: {moved['improved']}" if moved["improved"] else "")
             + f"; baseline: {verdict['baseline']}",
             highlight=False,
             markup=False,

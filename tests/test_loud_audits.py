@@ -241,7 +241,7 @@ def test_history_of_a_run_in_another_experiment_or_of_none_exits_2(tmp_path) -> 
     )
     proc = _run(["history", "--run", run, "--experiment", "nightly gpu"], tmp_path, store)
     assert proc.returncode == 0, proc.stderr  # the fix it names works
-    assert f"1 audits with the workload of run {run}" in proc.stdout
+    assert f"1 audit with the workload of run {run}" in proc.stdout
     absent = "0" * 32
     line = _one_line(_run(["history", "--run", absent], tmp_path, store))
     assert line == f"error: --run: MLflow run '{absent}' not found in {store}"

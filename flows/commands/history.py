@@ -101,7 +101,7 @@ def command(
     key = {k: tags.get(k) for k in IDENTITY_TAGS}
     console.print(
         f"Audit history of {key.get('endpoint_kind') or '?'} / {key.get('endpoint_model') or key.get('model')}: "
-        f"{len(history)} audits with the workload of run {anchor['run_id']}",
+        f"{len(history)} audit{'' if len(history) == 1 else 's'} with the workload of run {anchor['run_id']}",
         highlight=False,
         markup=False,
     )

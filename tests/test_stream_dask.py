@@ -296,10 +296,14 @@ def test_two_workers_run_one_schedule_with_an_injected_clock_offset_removed(
         for offset, sent in zip(r.token_offsets_ms, stamps[f"p{_index(r.request_id)}"]["text_sent_ns"])
     ]
     assert min(arrivals_ms) > -ALIGNED_NS / 1e6
-    # the level's span is the instrument's, first read to last chunk, within a few ms
+    # the level's span (first send to last completion) holds the instrument's (first read to last
+    # chunk written) and exceeds it by no more than the first send's way to the instrument (under
+    # 20 ms, above) and the last chunk's way back: 7.5 ms over it once in a full run on 2 cores,
+    # so "within 5 ms" was a race; a skew left in (250 ms) or the warm-up counted still fails
     first_read = min(stamps[f"p{i}"]["recv_ns"] for i in range(24))
     last_chunk = max(stamps[f"p{i}"]["text_sent_ns"][-1] for i in range(24))
-    assert level.wall_s * 1e3 == pytest.approx((last_chunk - first_read) / 1e6, abs=5.0)
+    span_ms = (last_chunk - first_read) / 1e6
+    assert span_ms - ALIGNED_NS / 1e6 < level.wall_s * 1e3 < span_ms + 20.0, (level.wall_s, span_ms)
     # each send on its worker's own schedule, started at the one instant (the 250 ms converted
     # away): late by what a loaded 2-core machine costs (p99 4-7 ms here, client processes too)
     lateness = [r.send_lateness_ms for r in measured]

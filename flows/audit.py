@@ -48,6 +48,7 @@ def run_audit(config: AuditConfig, track: bool = True) -> dict:
         tags,
         artifact_key="audit-summary",
         what=_audit_what(config),
+        torch_facts=config.profile.enabled,  # torch runs in this process tree only to profile
     ) as run:
         stages: dict[str, dict] = {}
         errors: dict[str, str] = {}

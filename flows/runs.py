@@ -106,10 +106,10 @@ class ParentRun:
         }
 
 
-def _tags(flow_name: str, extra: Mapping[str, Any]) -> dict[str, Any]:
+def _tags(flow_name: str, extra: Mapping[str, Any], torch_facts: bool | None = None) -> dict[str, Any]:
     """The parent run's tags: the environment, the Prefect flow run, ``flow`` and ``extra``."""
     return {
-        **environment_tags(torch_facts=flow_name in TORCH_FLOWS),
+        **environment_tags(torch_facts=flow_name in TORCH_FLOWS if torch_facts is None else torch_facts),
         "prefect_flow_run_id": str(flow_run.get_id() or ""),
         "prefect_flow_run_name": str(flow_run.get_name() or ""),
         "flow": flow_name,
@@ -127,6 +127,7 @@ def parent_run(
     tags: Mapping[str, Any] | None = None,
     artifact_key: str | None = None,
     what: Sequence[str] = (),
+    torch_facts: bool | None = None,
 ) -> Iterator[ParentRun]:
     """Start the parent run of a flow run; finish it when the block ends.
 
@@ -141,6 +142,10 @@ def parent_run(
         tracking: experiment and on/off; ``track=False`` (``--no-track``) turns it off too.
         tags: tags beside the environment's and Prefect's (model, endpoint).
         artifact_key: key of the Prefect markdown artifact (None: unkeyed).
+        torch_facts: whether the environment tags come from torch
+            (:func:`tasks.environment.environment_tags`); None: for the flows of
+            :data:`tasks.environment.TORCH_FLOWS`. An audit whose profile stage is off passes
+            False: importing torch for its tags was 3.8 of a stream-only audit's 29 s.
 
     On an exception escaping the block the run ends FAILED with the exception as its error
     (KILLED on a KeyboardInterrupt, without the Prefect artifact: Prefect is reporting the
@@ -151,7 +156,7 @@ def parent_run(
     target = TrackingTarget(tracking.experiment, None, tracking.enabled and track, journal=str(workdir))
     tracker = target.open()
     # the tags (git, package versions, NVML: 0.3 s here) while a tracking writer still imports MLflow
-    all_tags = _tags(flow_name, tags or {})
+    all_tags = _tags(flow_name, tags or {}, torch_facts)
     all_tags["config_name"] = run_name
     abandoned = close_abandoned_later(tracker)  # runs a SIGKILLed command could not end
     run_id = tracker.start_run(run_title(flow_name, what) if what else run_name, tags=all_tags)

@@ -65,6 +65,7 @@ def test_mlflow_tree(smoke_audit):
     assert parent.info.status == "FINISHED"
     tags = parent.data.tags
     assert tags["prefect_flow_run_id"] and tags["git_commit"] and tags["torch_version"]
+    assert int(tags["torch_num_threads"]) >= 1  # the profile stage ran torch: its facts from torch
     assert tags["endpoint_kind"] == "llama.cpp" and tags["endpoint_model_sha256"]
     assert parent.data.params["stream.max_concurrency"] == "[1, 2]"
     children = {c.data.tags["stage"]: c for c in _children(client, parent)}

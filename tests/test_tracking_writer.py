@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 
@@ -239,3 +240,36 @@ def test_an_answer_read_later_is_kept_while_other_calls_wait(writer, tmp_path) -
     tracker.end_run(run)
     tracking_writer.flush(tracker)
     assert {r["name"]: r["status"] for r in tracker.find_runs("")} == {"ghost": "KILLED", "r": "FINISHED"}
+
+
+class OnlyHere:
+    """Pickled by reference to this test module, which the writer process cannot import."""
+
+
+def test_a_call_the_writer_cannot_read_ends_it_and_the_command_is_told(writer, tmp_path) -> None:
+    """A call the writer cannot unpickle: it ends (exit 1, the traceback on its stderr) and the
+    command's next wait raises WriterGone. Before, its reading thread died of the error and both
+    processes waited for ever (a command SIGKILLed then left the writer running, parent 1)."""
+    uri = f"sqlite:///{tmp_path / 'remote.db'}"
+    tracker = TrackingTarget("e", uri, True, str(tmp_path)).open()
+    run = tracker.start_run("r")
+    tracker.set_tags(run, {"what": OnlyHere()})
+    raised: list[BaseException] = []
+
+    def wait() -> None:  # the wait hung before: in a thread, so that a hang fails the test
+        try:
+            tracking_writer.flush(tracker)
+        except BaseException as exc:  # noqa: BLE001
+            raised.append(exc)
+
+    waiting = threading.Thread(target=wait, daemon=True)
+    waiting.start()
+    waiting.join(60)
+    if waiting.is_alive():
+        writer.process.kill()  # ends the wait (the answers' pipe closes), and the fixture's close
+        pytest.fail("the command still waits on a writer that could not read a call")
+    assert len(raised) == 1 and isinstance(raised[0], tracking_writer.WriterGone), raised
+    assert "exited (code 1)" in str(raised[0])
+    assert writer.process.wait(timeout=10) == 1
+    with pytest.raises(tracking_writer.WriterGone):  # and the command's close says so too
+        tracking_writer.close()

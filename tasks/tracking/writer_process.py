@@ -99,11 +99,18 @@ def _portable(exc: BaseException) -> BaseException:
         return RuntimeError(f"{type(exc).__name__}: {exc}")
 
 
+#: What the reader puts in the inbox when a call could not be read (:func:`_read`).
+_UNREADABLE = ("unreadable",)
+
+
 def _read(connection: Connection, inbox: queue.SimpleQueue) -> None:
     """Put every call of ``connection`` into ``inbox`` at once (the command never blocks on a
     full pipe), then None at its end; a pipe that ends without a call ends this process at
     once (the command exited before it tracked anything, a bad input: it must neither wait on
-    MLflow's import nor keep the command's output open)."""
+    MLflow's import nor keep the command's output open). A call that cannot be unpickled here
+    (a class this process cannot import) puts :data:`_UNREADABLE`: the writer then ends with
+    exit 1 and the command's next wait raises ``WriterGone``. Before, the reading thread died
+    of it and both processes waited for ever, the writer outliving its killed command."""
 
     def read() -> None:
         received = False
@@ -115,6 +122,12 @@ def _read(connection: Connection, inbox: queue.SimpleQueue) -> None:
                 if not received:
                     os._exit(0)
                 inbox.put(None)
+                return
+            except Exception:  # noqa: BLE001  (printed; the writer ends on it)
+                import traceback
+
+                traceback.print_exc()
+                inbox.put(_UNREADABLE)
                 return
 
     threading.Thread(target=read, name="tracking-writer-read", daemon=True).start()
@@ -207,6 +220,8 @@ def _serve(requests: Connection, replies: Connection, preload: list[str]) -> Non
         if message is None:
             writer.end_orphaned_runs()
             return
+        if message is _UNREADABLE:
+            raise RuntimeError("a call from the command could not be read (the traceback above)")
         mark(f"call:{message[0]}:{message[2]}")
         writer.run(message)
         mark("call_done")

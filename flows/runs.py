@@ -145,7 +145,8 @@ def parent_run(
         torch_facts: whether the environment tags come from torch
             (:func:`tasks.environment.environment_tags`); None: for the flows of
             :data:`tasks.environment.TORCH_FLOWS`. An audit whose profile stage is off passes
-            False: importing torch for its tags was 3.8 of a stream-only audit's 29 s.
+            False: importing torch for its tags took 1.2 s of a stream-only audit's 23.9 s
+            wall (the nightly guide's; 3.8 s of 29 s under py-spy).
 
     On an exception escaping the block the run ends FAILED with the exception as its error
     (KILLED on a KeyboardInterrupt, without the Prefect artifact: Prefect is reporting the

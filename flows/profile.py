@@ -32,7 +32,9 @@ def run_profile(config: ProfileFlowConfig, track: bool = True, show_progress: bo
     # the params are the sections only (not the run name): the names the profile runs have
     params = config.model_dump(mode="json", include={"profile", "tracking"})
     what = [model_label(config.profile.model)]
-    with parent_run("profile", config.name, params, config.tracking, track, tags, what=what) as run:
+    with parent_run(
+        "profile", config.name, params, config.tracking, track, tags, what=what, torch_facts=True
+    ) as run:
         result: dict = {"points": [], "headline": {}, "error": None}
         try:
             stage = profile_stage(config.profile, **run.stage_args(), show_progress=show_progress)

@@ -25,7 +25,7 @@ from prefect.runtime import flow_run
 from prefect.states import Completed, Failed, State
 
 from tasks.config import TrackingConfig
-from tasks.environment import TORCH_FLOWS, environment_tags
+from tasks.environment import environment_tags
 from tasks.models.sources import DEFAULT_MODEL_NAME, REPO_ROOT
 from tasks.tracking import Tracker, TrackingTarget, flatten_params
 from tasks.tracking.run_owner import start_runs_lifeline
@@ -106,10 +106,10 @@ class ParentRun:
         }
 
 
-def _tags(flow_name: str, extra: Mapping[str, Any], torch_facts: bool | None = None) -> dict[str, Any]:
+def _tags(flow_name: str, extra: Mapping[str, Any], torch_facts: bool) -> dict[str, Any]:
     """The parent run's tags: the environment, the Prefect flow run, ``flow`` and ``extra``."""
     return {
-        **environment_tags(torch_facts=flow_name in TORCH_FLOWS if torch_facts is None else torch_facts),
+        **environment_tags(torch_facts=torch_facts),
         "prefect_flow_run_id": str(flow_run.get_id() or ""),
         "prefect_flow_run_name": str(flow_run.get_name() or ""),
         "flow": flow_name,
@@ -127,7 +127,7 @@ def parent_run(
     tags: Mapping[str, Any] | None = None,
     artifact_key: str | None = None,
     what: Sequence[str] = (),
-    torch_facts: bool | None = None,
+    torch_facts: bool = False,
 ) -> Iterator[ParentRun]:
     """Start the parent run of a flow run; finish it when the block ends.
 
@@ -143,10 +143,10 @@ def parent_run(
         tags: tags beside the environment's and Prefect's (model, endpoint).
         artifact_key: key of the Prefect markdown artifact (None: unkeyed).
         torch_facts: whether the environment tags come from torch
-            (:func:`tasks.environment.environment_tags`); None: for the flows of
-            :data:`tasks.environment.TORCH_FLOWS`. An audit whose profile stage is off passes
-            False: importing torch for its tags took 1.2 s of a stream-only audit's 23.9 s
-            wall (the nightly guide's; 3.8 s of 29 s under py-spy).
+            (:func:`tasks.environment.environment_tags`): True for a flow whose stages run torch
+            in this process tree (the profile; an audit with its profile stage on). Else the
+            versions come from package metadata: importing torch for the tags took 1.2 s of a
+            stream-only audit's 23.9 s wall (the nightly guide's; 3.8 s of 29 s under py-spy).
 
     On an exception escaping the block the run ends FAILED with the exception as its error
     (KILLED on a KeyboardInterrupt, without the Prefect artifact: Prefect is reporting the

@@ -51,11 +51,6 @@ def device_name(device: str = "cpu") -> str:
     return cpu_model()
 
 
-#: The flows whose stages run torch in this process tree (the local profile): their parent runs
-#: import torch for the torch tags; the others read them without it (1.3-3 s of import saved).
-TORCH_FLOWS = frozenset({"profile", "audit"})
-
-
 def environment_tags(torch_facts: bool = True) -> dict[str, str]:
     """Tags describing this machine and software (no secrets, no environment variables).
 
